@@ -1,0 +1,60 @@
+# kernel-agent: every target installs what it needs first (a virtual environment in .venv).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CONFIG ?= configs/default.yaml
+STEPS ?=
+PYTEST_ARGS ?=
+
+.PHONY: install train test test-gpu test-docker bench bench-learning bench-gpu lint format serve-evaluator serve-implementer clean
+
+install: $(VENV)/.installed
+
+# torch first, from the CPU wheel where that is what pip finds, so nothing pulls CUDA wheels on a CPU machine;
+# a machine that already has torch in the venv keeps it.
+$(VENV)/.installed: pyproject.toml scripts/install_llama_cpp.sh
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q -e ".[all]"
+	bash scripts/install_llama_cpp.sh $(PY)
+	touch $@
+
+train: install
+	$(PY) scripts/train_local.py --config $(CONFIG) $(if $(STEPS),--updates $(STEPS))
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-gpu: install
+	$(PY) -m pytest -m gpu $(PYTEST_ARGS)
+
+test-docker: install
+	$(PY) -m pytest -m docker -s $(PYTEST_ARGS) tests/e2e
+
+bench: bench-learning bench-gpu
+
+bench-learning: install
+	$(PY) bench/learning.py
+
+# Runs on a CUDA machine; see BENCHMARKS.md.
+bench-gpu: install
+	$(PY) bench/evaluator_gpu.py
+	$(PY) bench/trainer_gpu.py
+
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: install
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+serve-evaluator: install
+	$(PY) -m services.evaluator --host 127.0.0.1 --port 8001
+
+serve-implementer: install
+	$(PY) -m services.implementer --host 127.0.0.1 --port 8002
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
