@@ -1,0 +1,32 @@
+"""Row-wise log-softmax over the last dimension, written from max, exp, sum and log."""
+
+import torch
+import torch.nn as nn
+
+PROFILE = "cpu"
+SIZES = {
+    "cpu": {"batch_size": 128, "dim": 2048},
+    "gpu": {"batch_size": 16384, "dim": 16384},
+}
+batch_size = SIZES[PROFILE]["batch_size"]
+dim = SIZES[PROFILE]["dim"]
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        x_max = torch.max(x, dim=-1, keepdim=True).values
+        shifted = x - x_max
+        e = torch.exp(shifted)
+        log_sum = torch.log(torch.sum(e, dim=-1, keepdim=True))
+        return shifted - log_sum
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
