@@ -82,7 +82,7 @@ class EvaluationResult(BaseModel):
     candidate_ms: TimingStats | None = None
     max_abs_error: float | None = None
     max_rel_error: float | None = None
-    flags: list[str] = Field(default_factory=list, description="Hack checks that fired, e.g. `calls_reference_model`.")
+    flags: list[str] = Field(default_factory=list, description="Hack checks that fired, e.g. `uses_reference_model`.")
     message: str = Field("", description="Compiler error, traceback or reason, truncated.")
     device: str = Field("", description="Device the evaluation ran on, e.g. `cpu` or `cuda:0 (NVIDIA H100)`.")
     torch_version: str = ""

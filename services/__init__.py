@@ -1,0 +1,1 @@
+"""The kernel-agent HTTP services: evaluator, implementer and trainer."""

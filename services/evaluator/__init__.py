@@ -1,0 +1,1 @@
+"""Sandboxed KernelBench evaluator: scores a candidate `ModelNew` against a reference `Model`."""

@@ -1,0 +1,43 @@
+"""`python -m services.evaluator --host 127.0.0.1 --port 8001`: serve the evaluator with uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import sys
+
+from services.evaluator.config import Settings
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = Settings()
+    parser = argparse.ArgumentParser(description="kernel-agent evaluator service")
+    parser.add_argument("--host", default=settings.host, help="bind address (default %(default)s)")
+    parser.add_argument("--port", type=int, default=settings.port)
+    parser.add_argument("--workers", type=int, default=settings.workers, help="evaluations run at once")
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    if not is_loopback(args.host) and settings.token_value is None:
+        sys.exit(f"refusing to bind {args.host}: set EVALUATOR_TOKEN to serve beyond loopback")
+    settings = settings.model_copy(update={"host": args.host, "port": args.port, "workers": args.workers})
+    # Imported only now: refusing a bad bind should not wait for torch to load.
+    import uvicorn
+
+    from services.evaluator.app import create_app
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Settings of the evaluator service, read from `EVALUATOR_*` environment variables."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+Isolation = Literal["process", "strict"]
+
+# Flags that mean the candidate tried to game the evaluation; they turn the verdict into `rejected`.
+HACK_FLAGS = frozenset(
+    {
+        "uses_reference_model",
+        "monkeypatch",
+        "no_custom_kernel",
+        "input_mutation",
+        "result_tampering",
+        "implausible_timing",
+        # GPU-only checks (gpu_checks.py)
+        "side_stream",
+        "lazy_output",
+        "beyond_physical_bound",
+        "stale_output",
+    }
+)
+# Flags about style only; reported, never rejecting unless listed in `reject_flags`.
+STYLE_FLAGS = frozenset({"try_except_fallback"})
+ALL_FLAGS = HACK_FLAGS | STYLE_FLAGS
+
+
+def service_version() -> str:
+    try:
+        return importlib.metadata.version("kernel-agent")
+    except importlib.metadata.PackageNotFoundError:
+        return "0.0.0+local"
+
+
+def _cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+class Settings(BaseSettings):
+    """Every field maps to `EVALUATOR_<NAME>`; see docs/evaluator.md for the table."""
+
+    # Empty variables count as unset (compose files pass `EVALUATOR_X=` through).
+    model_config = SettingsConfigDict(env_prefix="EVALUATOR_", extra="ignore", env_ignore_empty=True)
+
+    host: str = Field("127.0.0.1", description="Bind address; a non-loopback address needs `token`.")
+    port: int = Field(8001, ge=1, le=65535)
+    token: SecretStr | None = Field(None, description="Bearer token required on every route but /health.")
+    workers: int = Field(2, ge=1, le=256, description="Evaluations that run at once; more wait in a queue.")
+    max_queued: int = Field(1024, ge=1, description="Evaluations allowed to wait for a worker before HTTP 503.")
+    prespawn: bool = Field(True, description="Keep one idle worker per slot with torch already imported.")
+    threads_per_worker: int = Field(
+        default_factory=lambda: max(1, _cpu_count() // 2),
+        ge=1,
+        description="torch intra-op threads of each worker (timings are per worker).",
+    )
+    build_workers: int = Field(2, ge=1, description="Extension builds that run at once, over all workers.")
+    build_jobs: int = Field(default_factory=_cpu_count, ge=1, description="MAX_JOBS given to ninja per build.")
+    default_timeout_s: float = Field(300.0, gt=0, le=3600, description="Wall-clock limit when a request sets none.")
+    memory_limit_mb: int = Field(6144, ge=1024, description="Address-space limit of a CPU worker (RLIMIT_AS).")
+    max_processes: int = Field(128, ge=16, description="Processes+threads of one sandbox uid (RLIMIT_NPROC, strict).")
+    max_file_mb: int = Field(2048, ge=1, description="Largest file a worker may write (RLIMIT_FSIZE).")
+    isolation: Isolation | None = Field(
+        None, description="`process` or `strict`; unset picks the strongest one that works on this machine."
+    )
+    sandbox_uid_base: int = Field(
+        default_factory=lambda: 1_000_000 + secrets.randbelow(100_000) * 4096,
+        ge=1000,
+        description="First of the unprivileged uids used in `strict` isolation; random per start by default, so "
+        "two evaluators on one machine never share a uid (jobs are cleaned up by killing their uid's processes).",
+    )
+    cache_dir: Path = Field(
+        default_factory=lambda: Path.home() / ".cache" / "kernel-agent" / "evaluator",
+        description="Build cache of compiled extensions; survives restarts.",
+    )
+    work_dir: Path | None = Field(
+        None, description="Parent of the per-worker private directories; a temp dir when unset."
+    )
+    reject_flags: Annotated[frozenset[str], NoDecode] = Field(
+        HACK_FLAGS, description="Flags that turn a verdict into `rejected` (comma-separated or a JSON list)."
+    )
+    max_jobs_stored: int = Field(
+        1000, ge=1, description="Jobs kept for GET /evaluations/{id}; finished ones are evicted first."
+    )
+    message_chars: int = Field(4000, ge=200, description="Longest `message` in a result.")
+    min_sample_ms: float = Field(
+        1.0, gt=0, description="CPU timing: calls are repeated until one sample lasts this long."
+    )
+    reference_cache_size: int = Field(
+        32, ge=0, description="Reference outputs kept per (reference, seed, trials, device)."
+    )
+
+    @field_validator("reject_flags", mode="before")
+    @classmethod
+    def _parse_flags(cls, value: object) -> object:
+        if isinstance(value, str):
+            text = value.strip()
+            value = (
+                json.loads(text) if text.startswith("[") else [part.strip() for part in text.split(",") if part.strip()]
+            )
+        unknown = set(value) - ALL_FLAGS if isinstance(value, list | set | frozenset | tuple) else set()
+        if unknown:
+            raise ValueError(f"unknown flags {sorted(unknown)}; known: {sorted(ALL_FLAGS)}")
+        return value
+
+    @property
+    def token_value(self) -> str | None:
+        return self.token.get_secret_value() if self.token else None

@@ -1,0 +1,41 @@
+"""Prometheus metrics of one app instance (own registry, so several apps can live in one test process)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from shared.contracts import EvaluationResult
+
+
+@dataclass
+class Metrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        self.requests = Counter(
+            "evaluator_requests", "HTTP requests by route and status code", ["route", "code"], registry=self.registry
+        )
+        self.verdicts = Counter(
+            "evaluator_verdicts", "Evaluation results by status", ["status"], registry=self.registry
+        )
+        self.cache_hits = Counter(
+            "evaluator_build_cache_hits", "Evaluations that reused a cached build", registry=self.registry
+        )
+        self.latency = Histogram(
+            "evaluator_evaluation_seconds",
+            "Wall-clock time of one evaluation",
+            buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800),
+            registry=self.registry,
+        )
+        self.queue_depth = Gauge(
+            "evaluator_queue_depth", "Evaluations waiting for a worker slot", registry=self.registry
+        )
+        self.running = Gauge("evaluator_running", "Evaluations running now", registry=self.registry)
+
+    def record(self, result: EvaluationResult) -> None:
+        self.verdicts.labels(status=result.status.value).inc()
+        self.latency.observe(result.duration_s)
+        if result.cache_hit:
+            self.cache_hits.inc()

@@ -1,0 +1,394 @@
+"""Single-use worker processes: spawn (ahead of time, torch already imported), talk to, kill, clean up.
+
+Each job gets a fresh `python -m services.evaluator.worker`; after the job every process it left is killed and
+its directory removed, so nothing a job does can reach the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from services.evaluator import build_cache, sandbox
+from services.evaluator.config import Settings
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+STARTUP_TIMEOUT_S = 120.0
+WORK_DIR_PREFIX = "kernel-agent-evaluator-"
+MAX_EVENT_BYTES = 16 << 20
+STDIO_TAIL_BYTES = 16_384
+
+
+class QueueFullError(RuntimeError):
+    """More evaluations are waiting than `max_queued` allows."""
+
+
+class WorkerStartError(RuntimeError):
+    """A worker died or hung before it was ready; the evaluator's fault, not the job's."""
+
+
+@dataclass
+class WorkerOutcome:
+    returncode: int | None
+    timed_out: bool
+    stdio_tail: str
+    memory_exceeded_mb: int | None = None
+
+    def describe_exit(self) -> str:
+        if self.memory_exceeded_mb is not None:
+            return f"killed for using more than {self.memory_exceeded_mb} MB of resident memory"
+        if self.returncode is None:
+            return "did not exit"
+        if self.returncode < 0:
+            try:
+                name = signal.Signals(-self.returncode).name
+            except ValueError:
+                name = f"signal {-self.returncode}"
+            return f"killed by {name}"
+        return f"exited with code {self.returncode}"
+
+
+@dataclass(eq=False)
+class Worker:
+    """One spawned worker process and its private directory."""
+
+    proc: asyncio.subprocess.Process
+    device: str
+    root: Path
+    home: Path
+    uid: int | None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    eof: bool = False
+    reader: asyncio.Task[None] | None = None
+    exit_watch: asyncio.Task[None] | None = None
+    memory_exceeded_mb: int | None = None
+
+    async def send(self, message: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        with contextlib.suppress(ConnectionError):
+            self.proc.stdin.write((json.dumps(message) + "\n").encode())
+            await self.proc.stdin.drain()
+
+    def find(self, name: str) -> dict[str, Any] | None:
+        return next((event for event in self.events if event.get("event") == name), None)
+
+    async def wait_for(self, names: set[str], deadline: float) -> dict[str, Any] | None:
+        """First event named in `names`; None once the worker exited, stopped talking or the deadline passed."""
+        drained = False
+        while True:
+            found = next((event for event in self.events if event.get("event") in names), None)
+            if found is not None or self.eof or drained:
+                return found
+            if self.proc.returncode is not None:
+                # Exit counts, not only EOF (children a job forked may hold the pipe open); read what is left.
+                drained = True
+                if self.reader is not None:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(self.reader), 0.5)
+                continue
+            self.changed.clear()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), remaining)
+
+    async def finish(self, deadline: float) -> WorkerOutcome:
+        """Wait for exit until `deadline`, then kill whatever the job left and collect the last events."""
+        timed_out = False
+        try:
+            await asyncio.wait_for(self.proc.wait(), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            timed_out = True
+        await asyncio.to_thread(sandbox.kill_all, self.uid, self.proc.pid)
+        await self.proc.wait()
+        if self.reader is not None:
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(self.reader), 2.0)
+            self.reader.cancel()
+        return WorkerOutcome(self.proc.returncode, timed_out, self._stdio_tail(), self.memory_exceeded_mb)
+
+    def _stdio_tail(self) -> str:
+        with contextlib.suppress(OSError), open(self.root / "stdio.log", "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - STDIO_TAIL_BYTES))
+            return handle.read().decode(errors="replace")
+        return ""
+
+
+async def _read_events(worker: Worker, reader: asyncio.StreamReader) -> None:
+    total = 0
+    try:
+        while True:
+            line = await reader.readline()
+            if not line:
+                break
+            total += len(line)
+            if total > MAX_EVENT_BYTES:
+                worker.events.append({"event": "flood", "received_at": time.monotonic()})
+                break
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                event["received_at"] = time.monotonic()
+                worker.events.append(event)
+                worker.changed.set()
+    except (ValueError, ConnectionError, asyncio.LimitOverrunError):
+        worker.events.append({"event": "flood", "received_at": time.monotonic()})
+    finally:
+        worker.eof = True
+        worker.changed.set()
+
+
+async def _watch_exit(worker: Worker) -> None:
+    await worker.proc.wait()
+    worker.changed.set()
+
+
+def _remove_stale_work_dirs(parent: Path) -> None:
+    """Remove work dirs of evaluators that died without cleaning up (their pid is in the name)."""
+    for path in parent.glob(f"{WORK_DIR_PREFIX}*-*"):
+        pid = path.name[len(WORK_DIR_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+async def _watch_memory(worker: Worker, limit_mb: int, period_s: float = 0.5) -> None:
+    """Kill a job whose processes together hold more than `limit_mb` resident: the memory limit of workers
+    without RLIMIT_AS (CUDA maps far more virtual memory than it uses), and a backstop for the others."""
+    while worker.proc.returncode is None:
+        rss = await asyncio.to_thread(sandbox.resident_bytes, worker.uid, worker.proc.pid)
+        if rss > limit_mb << 20:
+            worker.memory_exceeded_mb = limit_mb
+            await asyncio.to_thread(sandbox.kill_all, worker.uid, worker.proc.pid)
+            return
+        await asyncio.sleep(period_s)
+
+
+class WorkerPool:
+    """Spawns workers under the sandbox, keeps `workers` of them idle per device, bounds concurrent evaluations."""
+
+    def __init__(self, settings: Settings, strict: bool) -> None:
+        self.settings = settings
+        self.strict = strict
+        _remove_stale_work_dirs(Path(settings.work_dir or tempfile.gettempdir()))
+        self.work_dir = Path(tempfile.mkdtemp(prefix=f"{WORK_DIR_PREFIX}{os.getpid()}-", dir=settings.work_dir))
+        os.chmod(self.work_dir, 0o711)
+        self.uids = sandbox.UidPool(settings.sandbox_uid_base, 4 * settings.workers + 4) if strict else None
+        self._slots = asyncio.Semaphore(settings.workers)
+        self._idle: dict[str, list[Worker]] = {}
+        self._active: set[Worker] = set()
+        self._refill: set[asyncio.Task[None]] = set()
+        self._counter = itertools.count()
+        self.waiting = 0
+        self.running = 0
+        build_cache.prepare(settings.cache_dir, settings.build_workers)
+        self._gpus = itertools.cycle(_visible_gpus() or ["0"])
+        self._pch_build = _start_pch_build(settings.cache_dir)
+
+    async def prespawn(self, device: str) -> None:
+        """Fill the idle list of `device` up to one worker per slot."""
+        if not self.settings.prespawn:
+            return
+        idle = self._idle.setdefault(device, [])
+        while len(idle) < self.settings.workers:
+            idle.append(await self._spawn(device))
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """One of `workers` evaluation slots; callers beyond `max_queued` get QueueFullError."""
+        if self.waiting >= self.settings.max_queued:
+            raise QueueFullError(f"{self.waiting} evaluations are already waiting")
+        self.waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.waiting -= 1
+        self.running += 1
+        try:
+            yield
+        finally:
+            self.running -= 1
+            self._slots.release()
+
+    @contextlib.asynccontextmanager
+    async def worker(self, device: str) -> AsyncIterator[Worker]:
+        """A ready, unused worker for `device`; killed and removed on exit, and a fresh one spawned to replace it."""
+        worker = await self._take(device)
+        self._active.add(worker)
+        watchdog = asyncio.create_task(_watch_memory(worker, self.settings.memory_limit_mb))
+        try:
+            yield worker
+        finally:
+            watchdog.cancel()
+            self._active.discard(worker)
+            await self._dispose(worker)
+
+    async def _take(self, device: str) -> Worker:
+        idle = self._idle.setdefault(device, [])
+        worker = None
+        while idle and worker is None:
+            candidate = idle.pop(0)
+            if candidate.proc.returncode is None:
+                worker = candidate
+            else:
+                await self._dispose(candidate)
+        if worker is None:
+            worker = await self._spawn(device)
+        if self.settings.prespawn:
+            task = asyncio.create_task(self._refill_one(device))
+            self._refill.add(task)
+            task.add_done_callback(self._refill.discard)
+        await self._wait_ready(worker)
+        return worker
+
+    async def _refill_one(self, device: str) -> None:
+        try:
+            self._idle.setdefault(device, []).append(await self._spawn(device))
+        except Exception:
+            log.exception("could not spawn an idle %s worker", device)
+
+    async def _wait_ready(self, worker: Worker) -> None:
+        event = await worker.wait_for({"ready", "error"}, time.monotonic() + STARTUP_TIMEOUT_S)
+        if event is None or event["event"] != "ready":
+            self._active.discard(worker)
+            await self._dispose(worker)
+            detail = event.get("message", "") if event else "no answer"
+            raise WorkerStartError(f"worker did not start: {detail}"[-2000:])
+
+    def _child_env(self, home: Path, device: str, threads: int) -> dict[str, str]:
+        env = sandbox.child_env(home, self.settings.build_jobs, threads)
+        if device == "cuda":
+            # One GPU per worker, round robin; the worker sees it as cuda:0.
+            env["CUDA_VISIBLE_DEVICES"] = next(self._gpus)
+        return env
+
+    async def _spawn(self, device: str) -> Worker:
+        from services.evaluator.backends import get_backend
+
+        uid = self.uids.lease() if self.uids is not None else None
+        root = self.work_dir / f"w{next(self._counter)}-{secrets.token_hex(4)}"
+        root.mkdir(mode=0o711)
+        home = sandbox.make_private_dir(root / "home", uid)
+        limits_memory = getattr(get_backend(device), "limits_address_space", False)
+        spec = sandbox.SandboxSpec(
+            home=str(home),
+            strict=self.strict,
+            uid=uid,
+            memory_bytes=self.settings.memory_limit_mb << 20 if limits_memory else None,
+            max_processes=self.settings.max_processes,
+            max_file_bytes=self.settings.max_file_mb << 20,
+            keep_paths=(str(self.settings.cache_dir), str(REPO_ROOT)),
+        )
+        threads = self.settings.threads_per_worker
+        read_fd, write_fd = os.pipe()
+        with open(root / "stdio.log", "wb") as stdio:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-P",
+                "-m",
+                "services.evaluator.worker",
+                "--spec",
+                spec.to_arg(),
+                "--events-fd",
+                str(write_fd),
+                "--device",
+                device,
+                "--threads",
+                str(threads),
+                "--cache-dir",
+                str(self.settings.cache_dir),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=stdio,
+                stderr=stdio,
+                cwd=home,
+                pass_fds=(write_fd,),
+                env=self._child_env(home, device, threads),
+                start_new_session=True,
+            )
+        os.close(write_fd)
+        worker = Worker(proc=proc, device=device, root=root, home=home, uid=uid)
+        loop = asyncio.get_running_loop()
+        stream = asyncio.StreamReader(limit=MAX_EVENT_BYTES, loop=loop)
+        await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(stream, loop=loop), os.fdopen(read_fd, "rb", buffering=0)
+        )
+        worker.reader = asyncio.create_task(_read_events(worker, stream))
+        worker.exit_watch = asyncio.create_task(_watch_exit(worker))
+        return worker
+
+    async def _dispose(self, worker: Worker) -> None:
+        if worker.proc.returncode is None or worker.uid is not None:
+            await asyncio.to_thread(sandbox.kill_all, worker.uid, worker.proc.pid)
+        with contextlib.suppress(ProcessLookupError):
+            await worker.proc.wait()
+        for task in (worker.reader, worker.exit_watch):
+            if task is not None:
+                task.cancel()
+        await asyncio.to_thread(shutil.rmtree, worker.root, True)
+        if worker.uid is not None and self.uids is not None:
+            self.uids.release(worker.uid)
+
+    async def close(self) -> None:
+        for task in list(self._refill):
+            task.cancel()
+        workers = [w for idle in self._idle.values() for w in idle] + list(self._active)
+        self._idle.clear()
+        for worker in workers:
+            with contextlib.suppress(Exception):
+                await self._dispose(worker)
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+        if self._pch_build is not None and self._pch_build.poll() is None:
+            self._pch_build.terminate()
+
+
+def _visible_gpus() -> list[str]:
+    """GPU ids the service may hand out: its own CUDA_VISIBLE_DEVICES, else every GPU torch sees."""
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if visible:
+        return visible
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
+def _start_pch_build(cache_dir: Path) -> subprocess.Popen[bytes] | None:
+    """Build the torch-header PCH for the default CUDA flags in the background (trusted code, see pch.py)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / "pch-build.log", "ab") as log_file:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "services.evaluator.pch",
+                str(cache_dir),
+                *build_cache.build_flags("cuda")["extra_cflags"],
+            ],
+            cwd=REPO_ROOT,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )

@@ -1,0 +1,315 @@
+"""What a worker process gets: private directory, stripped environment, rlimits, and in `strict` isolation
+a network namespace of its own and an unprivileged uid.
+
+`enter()` runs inside the child before any untrusted code; the rest runs in the service.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import resource
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import psutil
+
+log = logging.getLogger(__name__)
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWNET = 0x40000000
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
+PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
+# Shared scratch places replaced by an empty, small tmpfs in strict isolation.
+PRIVATE_TMPFS = ("/tmp", "/var/tmp", "/dev/shm")
+
+# Variables a worker may inherit: locale, search paths and the knobs compilers and CUDA need.
+ENV_ALLOW = frozenset(
+    {
+        "PATH",
+        "LANG",
+        "LC_ALL",
+        "LC_CTYPE",
+        "TZ",
+        "LD_LIBRARY_PATH",
+        "CC",
+        "CXX",
+        "CUDA_HOME",
+        "CUDA_PATH",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "NVIDIA_VISIBLE_DEVICES",
+        "TORCH_CUDA_ARCH_LIST",
+    }
+)
+ENV_ALLOW_PREFIXES = ("TORCH_", "CUDA_", "NVCC_", "TRITON_")
+# Anything that looks like a credential is dropped even when a prefix allows it.
+ENV_DENY_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
+# Variables the sandbox sets itself; an inherited value would point outside the private directory.
+ENV_OWN = frozenset({"TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"})
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """Limits one worker runs under; serialised onto the worker's command line."""
+
+    home: str
+    strict: bool
+    uid: int | None
+    memory_bytes: int | None
+    max_processes: int
+    max_file_bytes: int
+    # Directories the worker must still reach after /tmp and unreadable parents (e.g. /root) are hidden.
+    keep_paths: tuple[str, ...] = ()
+
+    def to_arg(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_arg(cls, text: str) -> SandboxSpec:
+        fields = json.loads(text)
+        return cls(**{**fields, "keep_paths": tuple(fields.get("keep_paths", ()))})
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def child_env(home: Path, build_jobs: int, threads: int, source: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a worker: an allow-list of the service's, minus secrets, plus private paths."""
+    source = dict(os.environ if source is None else source)
+    env = {
+        name: value
+        for name, value in source.items()
+        if (name in ENV_ALLOW or name.startswith(ENV_ALLOW_PREFIXES))
+        and name not in ENV_OWN
+        and not any(word in name.upper() for word in ENV_DENY_WORDS)
+    }
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env.update(
+        {
+            "HOME": str(home),
+            "TMPDIR": str(home),
+            "USER": "sandbox",
+            "LOGNAME": "sandbox",
+            "TORCH_EXTENSIONS_DIR": str(home / "torch_extensions"),
+            "TRITON_CACHE_DIR": str(home / "triton"),
+            "TORCHINDUCTOR_CACHE_DIR": str(home / "inductor"),
+            "MAX_JOBS": str(build_jobs),
+            "OMP_NUM_THREADS": str(threads),
+            "MKL_NUM_THREADS": str(threads),
+            "MALLOC_ARENA_MAX": "2",
+            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+def _mount(libc: ctypes.CDLL, source: str | None, target: str, fstype: str | None, flags: int, data: str = "") -> None:
+    encode = lambda text: text.encode() if text is not None else None  # noqa: E731
+    _check(libc.mount(encode(source), encode(target), encode(fstype), flags, encode(data or None)), f"mount {target}")
+
+
+def _untraversable_ancestor(path: str) -> str | None:
+    """Highest parent of `path` that other users cannot enter (e.g. /root holding a pyenv Python)."""
+    for parent in reversed(Path(path).parents):
+        if str(parent) != "/" and not os.stat(parent).st_mode & stat.S_IXOTH:
+            return str(parent)
+    return None
+
+
+def isolate_filesystem(keep: list[str]) -> None:
+    """Private mount namespace: empty tmpfs over /tmp-like dirs and over unreadable parents of `keep`, then
+    every `keep` directory bind-mounted back at its own path. Runs as root, before the uid change."""
+    libc = _libc()
+    keep = sorted({os.path.realpath(p) for p in keep if os.path.isdir(p)}, key=len)
+    hide = {d for d in PRIVATE_TMPFS if os.path.isdir(d)} | {a for p in keep if (a := _untraversable_ancestor(p))}
+    hide = {d for d in hide if not any(d.startswith(o + "/") for o in hide)}
+    covered = [p for p in keep if any(p == d or p.startswith(d + "/") for d in hide)]
+    roots = [p for p in covered if not any(p.startswith(o + "/") for o in covered)]
+    _check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
+    # Opened inside the new namespace (a bind source must belong to it), before the tmpfs hides them.
+    fds = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in roots}
+    for directory in sorted(hide, key=len):
+        mode = "1777,size=64m" if directory in PRIVATE_TMPFS else "755,size=1m"
+        _mount(libc, "tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode}")
+    os.umask(0o022)
+    for path, fd in fds.items():
+        os.makedirs(path, exist_ok=True)
+        _mount(libc, f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        os.close(fd)
+
+
+def enter(spec: SandboxSpec) -> None:
+    """Apply the sandbox to the calling process (the worker, before it reads any job)."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (spec.max_file_bytes, spec.max_file_bytes))
+    if spec.memory_bytes is not None:
+        resource.setrlimit(resource.RLIMIT_AS, (spec.memory_bytes, spec.memory_bytes))
+    libc = _libc()
+    if spec.strict:
+        assert spec.uid is not None
+        _check(libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+        reachable = [spec.home, *spec.keep_paths, sys.prefix, sys.base_prefix, sys.exec_prefix]
+        isolate_filesystem(reachable + [p for p in sys.path if p and os.path.isabs(p)])
+        resource.setrlimit(resource.RLIMIT_NPROC, (spec.max_processes, spec.max_processes))
+        os.setgroups([])
+        os.setgid(spec.uid)
+        os.setuid(spec.uid)
+    os.umask(0o077)
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+    # Set after the uid change, which clears it: the worker dies with the service.
+    _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+    os.chdir(spec.home)
+
+
+def probe_main() -> None:
+    """Child side of `strict_isolation_works`: exit 0 if, after `enter`, the interpreter can still import."""
+    home, uid = sys.argv[2], int(sys.argv[3])
+    enter(SandboxSpec(home=home, strict=True, uid=uid, memory_bytes=None, max_processes=64, max_file_bytes=1 << 20))
+    import fractions  # noqa: F401 - a stdlib module not imported yet: proves the interpreter is still readable
+
+    sys.exit(0 if os.getuid() == uid and os.access(sys.base_prefix, os.R_OK | os.X_OK) else 1)
+
+
+def strict_isolation_works(uid: int) -> bool:
+    """Strict isolation needs root (uid change, namespaces); try it in a throwaway child."""
+    if os.geteuid() != 0:
+        return False
+    code = "from services.evaluator.sandbox import probe_main; probe_main()"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    with tempfile.TemporaryDirectory(prefix="kernel-agent-probe-") as home:
+        os.chown(home, uid, uid)
+        try:
+            done = subprocess.run(
+                [sys.executable, "-P", "-c", code, "probe", home, str(uid)],
+                env=env,
+                cwd="/",
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+    if done.returncode != 0:
+        log.warning("strict isolation does not work here: %s", done.stderr.decode(errors="replace")[-1000:])
+    return done.returncode == 0
+
+
+def make_private_dir(path: Path, uid: int | None) -> Path:
+    """Create `path` (mode 0700) owned by the sandbox uid, inside a root-owned parent it cannot replace."""
+    path.mkdir(mode=0o700)
+    if uid is not None:
+        os.chown(path, uid, uid)
+    return path
+
+
+def read_regular_file(path: Path, max_bytes: int) -> bytes:
+    """Read a file a worker wrote, refusing symlinks, non-regular files and oversized files."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path.name} is not a regular file")
+        if info.st_size > max_bytes:
+            raise ValueError(f"{path.name} is larger than {max_bytes} bytes")
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            return handle.read(max_bytes + 1)[:max_bytes]
+    finally:
+        os.close(fd)
+
+
+def write_readonly_file(path: Path, data: bytes) -> None:
+    """Write a root-owned file a worker may read but not change."""
+    path.write_bytes(data)
+    os.chmod(path, 0o444)
+
+
+def _processes_of(uid: int | None, root_pids: list[int]) -> list[psutil.Process]:
+    import psutil  # service side only; workers never import it
+
+    found: dict[int, psutil.Process] = {}
+    for pid in root_pids:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            found[pid] = proc
+            found.update({child.pid: child for child in proc.children(recursive=True)})
+    if uid is not None:
+        for proc in psutil.process_iter(["uids"]):
+            uids = proc.info.get("uids")
+            if uids is not None and uid in (uids.real, uids.effective):
+                found[proc.pid] = proc
+    found.pop(os.getpid(), None)
+    return list(found.values())
+
+
+def kill_all(uid: int | None, root_pid: int, rounds: int = 50) -> None:
+    """SIGKILL the worker's process group and every process it left, by uid in strict isolation.
+
+    Repeated because a fork loop can create processes while we kill; the uid's RLIMIT_NPROC bounds it.
+    """
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(root_pid, signal.SIGKILL)
+    for _ in range(rounds):
+        procs = _processes_of(uid, [root_pid])
+        procs = [proc for proc in procs if _alive(proc)]
+        if not procs:
+            return
+        for proc in procs:
+            with contextlib.suppress(Exception):
+                proc.kill()
+        time.sleep(0.02)
+
+
+def resident_bytes(uid: int | None, root_pid: int) -> int:
+    """Resident memory of a job: its worker, the worker's children and, in strict isolation, its uid's processes."""
+    total = 0
+    for proc in _processes_of(uid, [root_pid]):
+        with contextlib.suppress(Exception):
+            total += proc.memory_info().rss
+    return total
+
+
+def _alive(proc: psutil.Process) -> bool:
+    import psutil
+
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class UidPool:
+    """Unprivileged uids leased one per worker, so killing "every process of this uid" hits one job only."""
+
+    def __init__(self, base: int, size: int) -> None:
+        self._free = list(range(base, base + size))
+
+    def lease(self) -> int:
+        if not self._free:
+            raise RuntimeError("no free sandbox uid")
+        return self._free.pop(0)
+
+    def release(self, uid: int) -> None:
+        self._free.append(uid)

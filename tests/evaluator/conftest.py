@@ -1,0 +1,88 @@
+"""Fixtures: one real evaluator server per session (tmp cache, fake API key in its environment) and a client."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.evaluator.sources import REFERENCE
+from tests.servers import REPO, run_service
+
+FAKE_API_KEY = "sk-test-" + secrets.token_hex(8)
+WORKERS = 2
+
+
+def server_env(cache_dir: Path, **extra: str) -> dict[str, str]:
+    """Environment of a test evaluator: its own cache and uid range, a secret it must not leak."""
+    return {
+        # Keep the caller's import path after the repo (run_service puts only the repo there).
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+        "EVALUATOR_CACHE_DIR": str(cache_dir),
+        "EVALUATOR_WORKERS": str(WORKERS),
+        "EVALUATOR_THREADS_PER_WORKER": "1",
+        "EVALUATOR_MIN_SAMPLE_MS": "0.2",
+        "EVALUATOR_DEFAULT_TIMEOUT_S": "240",
+        "OPENAI_API_KEY": FAKE_API_KEY,
+        "EVALUATOR_SANDBOX_UID_BASE": str(sandbox_uid_base()),
+        **extra,
+    }
+
+
+_UID_BASE = 2_000_000 + secrets.randbelow(10_000) * 4096
+
+
+def sandbox_uid_base() -> int:
+    return _UID_BASE
+
+
+@pytest.fixture(scope="session")
+def build_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One build cache for the session, so a C++ candidate is compiled once."""
+    return tmp_path_factory.mktemp("evaluator-cache")
+
+
+@pytest.fixture(scope="session")
+def evaluator_url(build_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    log = tmp_path_factory.mktemp("evaluator-log") / "server.log"
+    with run_service("evaluator", env=server_env(build_cache_dir), log_path=log) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def client(evaluator_url: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=evaluator_url, timeout=600) as http:
+        yield http
+
+
+@pytest.fixture(scope="session")
+def isolation(client: httpx.Client) -> str:
+    return client.get("/health").json()["details"]["isolation"]
+
+
+@pytest.fixture
+def strict_only(isolation: str) -> None:
+    if isolation != "strict":
+        pytest.skip("needs strict isolation (root, namespaces)")
+
+
+def evaluate(client: httpx.Client, candidate: str, reference: str = REFERENCE, **fields: Any) -> dict[str, Any]:
+    """POST /evaluate with small trial counts; a fixed seed lets the server reuse the reference run."""
+    body = {
+        "reference_source": reference,
+        "candidate_source": candidate,
+        "correctness_trials": 2,
+        "timing_trials": 10,
+        "warmup_trials": 2,
+        "seed": 1234,
+        "timeout_s": 60,
+        **fields,
+    }
+    response = client.post("/evaluate", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()

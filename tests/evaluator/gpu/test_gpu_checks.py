@@ -1,0 +1,174 @@
+"""The GPU timing and hack-check building blocks, each shown to catch its attack (and to pass honest code)."""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from services.evaluator import gpu_checks  # noqa: E402
+from services.evaluator.backends.cuda import CudaBackend, side_stream_suspected  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+DEV = "cuda:0"
+
+
+@pytest.fixture(scope="module")
+def backend() -> CudaBackend:
+    b = CudaBackend(0)
+    b.activate()
+    return b
+
+
+def test_backend_describes_device_and_times_a_copy(backend: CudaBackend) -> None:
+    assert backend.available() and backend.device_string() == "cuda:0"
+    assert "sm_" in backend.describe()
+    x = torch.randn(32 * 2**20, device=DEV)
+    backend.time_calls(lambda t: t.clone(), [x], 3)  # warm-up: the first clone also allocates
+    samples = backend.time_calls(lambda t: t.clone(), [x], 30)
+    assert len(samples) == 30 and min(samples) > 0
+    # 256 MB read + written: at most a few ms on any datacenter GPU, and repeatable within 10 %
+    med = statistics.median(samples)
+    assert med < 20 and statistics.pstdev(samples) / med < 0.1
+
+
+def test_interleaved_timing_sees_the_faster_function(backend: CudaBackend) -> None:
+    sets = [[torch.randn(8192, 4096, device=DEV)] for _ in range(3)]
+    times = backend.time_interleaved({"slow": lambda x: (x * 2).exp().sin().cos(), "fast": lambda x: x * 2}, sets, n=20)
+    assert statistics.median(times["fast"].event_ms) * 2 < statistics.median(times["slow"].event_ms)
+    assert not side_stream_suspected(times["slow"], times["fast"])
+
+
+def side_stream_relu(x: torch.Tensor) -> torch.Tensor:
+    """Launches the real work on another stream and returns before it is done."""
+    out = torch.empty_like(x)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(20):
+            out.copy_(x).clamp_min_(0.0)
+    return out
+
+
+def test_side_stream_is_seen_by_both_checks(backend: CudaBackend) -> None:
+    x = torch.randn(64 * 2**20, device=DEV)
+    _, lazy = gpu_checks.unfinished_at_return(side_stream_relu, [x], DEV)
+    _, honest = gpu_checks.unfinished_at_return(torch.relu, [x], DEV)
+    assert lazy and not honest
+    times = backend.time_interleaved({"ref": torch.relu, "cand": side_stream_relu}, [[x]], n=10)
+    assert side_stream_suspected(times["ref"], times["cand"])
+
+
+def test_poisoned_blocks_expose_an_uninitialised_output() -> None:
+    x = torch.randn(4096, 1024, device=DEV)
+
+    def uninitialised(t: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(t)
+
+    ref = torch.relu(x)
+    expected = ref.clone()
+    del ref  # the reference's output block goes back to the allocator ...
+    stolen = uninitialised(x)  # ... and the "candidate" gets it back, full of the right answer
+    assert torch.equal(stolen, expected)
+    del stolen
+    gpu_checks.poison_freed_blocks([expected], DEV)
+    assert torch.isnan(uninitialised(x)).all()
+
+
+def test_refill_inplace_defeats_data_ptr_caching() -> None:
+    cache: dict[int, torch.Tensor] = {}
+
+    def cached_relu(t: torch.Tensor) -> torch.Tensor:
+        if t.data_ptr() not in cache:
+            cache[t.data_ptr()] = torch.relu(t)
+        return cache[t.data_ptr()]
+
+    x = torch.randn(1 << 20, device=DEV)
+    assert torch.equal(cached_relu(x), torch.relu(x))
+    gpu_checks.refill_inplace([x], gpu_checks.device_inputs(lambda: [torch.randn(1 << 20)], 7, DEV, False))
+    assert not torch.equal(cached_relu(x), torch.relu(x))
+
+
+def test_signed_draw_breaks_identity_on_relu() -> None:
+    unsigned = gpu_checks.device_inputs(lambda: [torch.rand(1 << 16)], 3, DEV, signed=False)
+    signed = gpu_checks.device_inputs(lambda: [torch.rand(1 << 16)], 3, DEV, signed=True)
+    assert unsigned[0].is_cuda and torch.equal(torch.relu(unsigned[0]), unsigned[0])
+    assert not torch.equal(torch.relu(signed[0]), signed[0])
+    assert signed[0].min() < 0 < signed[0].max()
+
+
+def test_device_inputs_are_reproducible_from_the_seed() -> None:
+    a = gpu_checks.device_inputs(lambda: [torch.randn(1000), 3], 11, DEV, signed=False)
+    b = gpu_checks.device_inputs(lambda: [torch.randn(1000), 3], 11, DEV, signed=False)
+    assert torch.equal(a[0], b[0]) and a[1] == 3
+
+
+def test_timer_patch_is_reported_by_the_worker_guard() -> None:
+    from services.evaluator.guards import Guard
+
+    guard = Guard()
+    original = torch.cuda.Event.elapsed_time
+    torch.cuda.Event.elapsed_time = lambda self, end: 1e-6  # type: ignore[method-assign]
+    try:
+        assert "torch.cuda.Event.elapsed_time" in guard.replaced()
+    finally:
+        torch.cuda.Event.elapsed_time = original  # type: ignore[method-assign]
+    assert guard.replaced() == []
+
+
+def test_backend_timing_ignores_a_patched_timer(backend: CudaBackend) -> None:
+    original = torch.cuda.Event.elapsed_time
+    torch.cuda.Event.elapsed_time = lambda self, end: 1e-6  # type: ignore[method-assign]
+    try:
+        samples = backend.time_calls(torch.relu, [torch.randn(32 * 2**20, device=DEV)], 5)
+    finally:
+        torch.cuda.Event.elapsed_time = original  # type: ignore[method-assign]
+    assert min(samples) > 1e-3
+
+
+def test_own_kernel_names_from_cuda_and_triton_sources() -> None:
+    source = (
+        'cuda_src = """\n__global__ void __launch_bounds__(256) fused_relu(const float* x) {}\n'
+        'template <typename T> __global__ void scale_kernel(T* y) {}\n"""\n'
+        "import triton\n@triton.jit\ndef add_kernel(x_ptr):\n    pass\n"
+        "@triton.autotune(configs=[], key=[])\n@triton.jit\ndef tuned(x_ptr):\n    pass\n"
+    )
+    assert gpu_checks.own_kernel_names(source) == {"fused_relu", "scale_kernel", "add_kernel", "tuned"}
+
+
+def test_profiler_lists_launched_kernels() -> None:
+    x = torch.randn(1 << 20, device=DEV)
+    names = gpu_checks.launched_kernel_names(torch.relu, [x])
+    assert names and not gpu_checks.launches_own_kernel(names, {"fused_relu"})
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_profiler_sees_a_triton_kernel() -> None:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def double_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2, mask=offs < n)
+
+    def double(x: torch.Tensor) -> torch.Tensor:
+        y = torch.empty_like(x)
+        double_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+        return y
+
+    x = torch.randn(1 << 20, device=DEV)
+    assert torch.equal(double(x), x * 2)
+    assert gpu_checks.launches_own_kernel(gpu_checks.launched_kernel_names(double, [x]), {"double_kernel"})
+
+
+def test_bandwidth_and_physical_bound() -> None:
+    bw = gpu_checks.measure_bandwidth_gbs(DEV)
+    assert 300 < bw < 20_000  # GB/s: any datacenter GPU, counting reads plus writes
+    x = torch.randn(256 * 2**20, device=DEV)  # 1 GiB
+    floor = gpu_checks.physical_floor_ms([x], bw)
+    assert gpu_checks.beyond_physical_bound(floor * 0.1, floor, 0.5)
+    assert not gpu_checks.beyond_physical_bound(floor * 1.2, floor, 0.5)
+    assert not gpu_checks.beyond_physical_bound(0.0, gpu_checks.physical_floor_ms([torch.ones(8, device=DEV)], bw), 0.5)

@@ -1,0 +1,218 @@
+"""The real evaluator service on a GPU: honest CUDA and Triton candidates pass, each adversarial kernel gets the
+right verdict, and an honest candidate evaluated right after it on the same GPU is still correct.
+
+All CUDA candidates here share one extension source, so it is built once (first test) and then comes from the
+build cache; each candidate calls a different function of it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import httpx
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tests.servers import REPO, run_service  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+
+REFERENCE = """
+import torch
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+def get_inputs():
+    return [torch.rand(2048, 2048)]   # [0, 1), as in KernelBench: `return x` would pass without signed draws
+
+def get_init_inputs():
+    return []
+"""
+
+EXTENSION = '''
+import torch
+from torch.utils.cpp_extension import load_inline
+
+CUDA_SRC = r"""
+#include <torch/extension.h>
+#include <cassert>
+__global__ void relu_kernel(const float* x, float* y, int64_t n) {
+    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] > 0.f ? x[i] : 0.f;
+}
+__global__ void half_relu_kernel(const float* x, float* y, int64_t n) {  // writes only the first half
+    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (i < n / 2) y[i] = x[i] > 0.f ? x[i] : 0.f;
+}
+__global__ void oob_kernel(const float* x, float* y, int64_t n) {
+    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (i < n) y[i + (int64_t)1 << 40] = x[i];
+}
+__global__ void assert_kernel(const float* x, float* y, int64_t n) {
+    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (i < n) { assert(x[i] > 2.f); y[i] = x[i]; }
+}
+__global__ void spin_kernel(volatile int* flag) { while (*flag == 0) { } }
+static int64_t blocks(int64_t n) { return (n + 255) / 256; }
+torch::Tensor relu_fwd(torch::Tensor x) {
+    auto y = torch::empty_like(x);
+    relu_kernel<<<blocks(x.numel()), 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
+    return y;
+}
+torch::Tensor half_relu_fwd(torch::Tensor x) {
+    auto y = torch::empty_like(x);
+    half_relu_kernel<<<blocks(x.numel()), 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
+    return y;
+}
+torch::Tensor oob_fwd(torch::Tensor x) {
+    auto y = torch::empty_like(x);
+    oob_kernel<<<blocks(x.numel()), 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
+    return y;
+}
+torch::Tensor assert_fwd(torch::Tensor x) {
+    auto y = torch::empty_like(x);
+    assert_kernel<<<blocks(x.numel()), 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
+    return y;
+}
+torch::Tensor spin_fwd(torch::Tensor x) {
+    auto flag = torch::zeros({1}, x.options().dtype(torch::kInt32));
+    spin_kernel<<<1, 1>>>(flag.data_ptr<int>());
+    return x.clone();
+}
+"""
+CPP_SRC = """
+torch::Tensor relu_fwd(torch::Tensor x);
+torch::Tensor half_relu_fwd(torch::Tensor x);
+torch::Tensor oob_fwd(torch::Tensor x);
+torch::Tensor assert_fwd(torch::Tensor x);
+torch::Tensor spin_fwd(torch::Tensor x);
+"""
+ext = load_inline(name="gpu_test_ext", cpp_sources=CPP_SRC, cuda_sources=CUDA_SRC,
+                  functions=["relu_fwd", "half_relu_fwd", "oob_fwd", "assert_fwd", "spin_fwd"])
+'''
+
+
+def cuda_candidate(forward_body: str, prelude: str = "") -> str:
+    return f"{EXTENSION}\n{prelude}\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n{forward_body}\n"
+
+
+HONEST_CUDA = cuda_candidate("        return ext.relu_fwd(x)")
+
+TRITON_RELU = """
+import torch
+import triton
+import triton.language as tl
+
+@triton.jit
+def relu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, tl.maximum(tl.load(x_ptr + offs, mask=mask), 0.0), mask=mask)
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        y = torch.empty_like(x)
+        relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+        return y
+"""
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> str:
+    cache = tmp_path_factory.mktemp("evaluator-cache")
+    env = {
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+        "EVALUATOR_CACHE_DIR": str(cache),
+        "EVALUATOR_WORKERS": "2",
+        "EVALUATOR_BUILD_WORKERS": "2",
+    }
+    with run_service("evaluator", env=env, log_path=cache / "service.log", timeout_s=300) as url:
+        yield url
+
+
+def evaluate(url: str, candidate: str, **overrides: object) -> dict:
+    body = {
+        "reference_source": REFERENCE,
+        "candidate_source": candidate,
+        "device": "cuda",
+        "correctness_trials": 3,
+        "timing_trials": 20,
+        "warmup_trials": 3,
+        "seed": 1234,
+        **overrides,
+    }
+    response = httpx.post(f"{url}/evaluate", json=body, timeout=900)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def assert_honest_still_correct(url: str) -> None:
+    result = evaluate(url, HONEST_CUDA)
+    assert result["status"] == "correct", result["message"]
+    assert result["cache_hit"], "the shared extension should come from the build cache"
+
+
+def test_honest_cuda_candidate_is_correct_and_timed(service: str) -> None:
+    result = evaluate(service, HONEST_CUDA)
+    assert result["status"] == "correct", result["message"]
+    assert result["device"].startswith("cuda") and result["speedup"] > 0
+    assert result["candidate_ms"]["n"] == 20 and result["reference_ms"]["median"] > 0
+    assert result["flags"] == []
+
+
+@needs_triton
+def test_honest_triton_candidate_is_correct(service: str) -> None:
+    result = evaluate(service, TRITON_RELU, require_custom_kernel=True)
+    assert result["status"] == "correct", result["message"]
+    assert result["flags"] == []
+
+
+ADVERSARIAL = {
+    # the output block is never written: it holds whatever the allocator hands out, NaN after our poisoning
+    "uninitialised_output": (cuda_candidate("        return ext.half_relu_fwd(x)"), {"incorrect"}),
+    "input_zeroing": (cuda_candidate("        y = ext.relu_fwd(x)\n        x.zero_()\n        return y"), {"rejected"}),
+    "side_stream": (
+        cuda_candidate(
+            "        y = torch.empty_like(x)\n        s = torch.cuda.Stream()\n"
+            "        with torch.cuda.stream(s):\n            for _ in range(20):\n"
+            "                z = x @ x\n            y.copy_(x).clamp_min_(0.0)\n        return y"
+        ),
+        {"rejected"},
+    ),
+    "data_ptr_cache": (
+        cuda_candidate(
+            "        key = x.data_ptr()\n        if key not in CACHE:\n            CACHE[key] = ext.relu_fwd(x)\n"
+            "        return CACHE[key]",
+            prelude="CACHE = {}\n",
+        ),
+        {"incorrect", "rejected"},
+    ),
+    "identity_on_relu": (cuda_candidate("        return x"), {"incorrect"}),
+    "timer_monkeypatch": (
+        cuda_candidate(
+            "        return ext.relu_fwd(x)", prelude="torch.cuda.Event.elapsed_time = lambda self, end: 1e-6\n"
+        ),
+        {"rejected"},
+    ),
+    "illegal_memory_access": (cuda_candidate("        return ext.oob_fwd(x)"), {"runtime_error", "crashed"}),
+    "device_side_assert": (cuda_candidate("        return ext.assert_fwd(x)"), {"runtime_error", "crashed"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ADVERSARIAL))
+def test_adversarial_kernel_gets_its_verdict_and_the_gpu_stays_usable(service: str, name: str) -> None:
+    source, verdicts = ADVERSARIAL[name]
+    result = evaluate(service, source)
+    assert result["status"] in verdicts, f"{name}: {result['status']} {result['flags']} {result['message'][-800:]}"
+    assert_honest_still_correct(service)
+
+
+def test_kernel_that_never_returns_times_out_and_the_gpu_recovers(service: str) -> None:
+    result = evaluate(service, cuda_candidate("        return ext.spin_fwd(x)"), timeout_s=60)
+    assert result["status"] == "timeout", result["message"][-800:]
+    assert_honest_still_correct(service)

@@ -1,0 +1,215 @@
+"""Small KernelBench-format modules the evaluator tests send: one reference, correct and hostile candidates."""
+
+from __future__ import annotations
+
+REFERENCE = """
+import torch
+
+class Model(torch.nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return torch.relu(x) * self.scale
+
+def get_inputs():
+    return [torch.randn(64, 64)]
+
+def get_init_inputs():
+    return [2.0]
+"""
+
+REFERENCE_WITH_WEIGHTS = """
+import torch
+
+class Model(torch.nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.linear = torch.nn.Linear(features, features)
+
+    def forward(self, x):
+        return torch.relu(self.linear(x))
+
+def get_inputs():
+    return [torch.randn(8, 32)]
+
+def get_init_inputs():
+    return [32]
+"""
+
+LINEAR_CORRECT = """
+import torch
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.linear = torch.nn.Linear(features, features)
+
+    def forward(self, x):
+        return torch.addmm(self.linear.bias, x, self.linear.weight.t()).clamp_min(0)
+"""
+
+
+def candidate(forward_body: str, prelude: str = "") -> str:
+    """A ModelNew with the reference's constructor and the given forward body (indented 8 spaces)."""
+    body = "\n".join("        " + line for line in forward_body.strip().splitlines())
+    return f"""
+import torch
+{prelude}
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+{body}
+"""
+
+
+CORRECT = candidate("return x.clamp_min(0) * self.scale")
+
+CPP_SOURCE = r"""
+torch::Tensor scaled_relu(torch::Tensor x, double scale) {
+    auto input = x.contiguous();
+    auto out = torch::empty_like(input);
+    const float* in = input.data_ptr<float>();
+    float* o = out.data_ptr<float>();
+    const float s = static_cast<float>(scale);
+    const int64_t n = input.numel();
+    for (int64_t i = 0; i < n; ++i) {
+        o[i] = in[i] > 0.f ? in[i] * s : 0.f;
+    }
+    return out;
+}
+"""
+
+CPP_CORRECT = f'''
+import torch
+from torch.utils.cpp_extension import load_inline
+
+SOURCE = r"""{CPP_SOURCE}"""
+ext = load_inline(name="scaled_relu", cpp_sources=SOURCE, functions=["scaled_relu"])
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return ext.scaled_relu(x, self.scale)
+'''
+
+CPP_COMPILE_ERROR = """
+import torch
+from torch.utils.cpp_extension import load_inline
+
+ext = load_inline(name="broken", cpp_sources="torch::Tensor f(torch::Tensor x) { return x + ; }", functions=["f"])
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+
+    def forward(self, x):
+        return ext.f(x)
+"""
+
+SYNTAX_ERROR = CORRECT.replace("def forward(self, x):", "def forward(self, x)")
+NO_MODEL_NEW = CORRECT.replace("class ModelNew", "class SomethingElse")
+WRONG_OUTPUT = candidate("return x.clamp_min(0) * (self.scale + 1)")
+WRONG_SHAPE = candidate("return (x.clamp_min(0) * self.scale)[:, :32]")
+NAN_OUTPUT = candidate("y = x.clamp_min(0) * self.scale\ny[0, 0] = float('nan')\nreturn y")
+SEGFAULT = candidate("ctypes.string_at(0)\nreturn x", prelude="import ctypes")
+OS_EXIT = candidate("os._exit(7)", prelude="import os")
+INFINITE_LOOP = candidate("while True:\n    pass")
+HUGE_ALLOCATION = candidate("big = torch.empty(1 << 40)\nreturn big")
+INPUT_MUTATION = candidate("x.clamp_(min=0)\nreturn x * self.scale")
+PATCH_ALLCLOSE = candidate("return x", prelude="torch.allclose = lambda *args, **kwargs: True")
+PATCH_TIMER = candidate(
+    "return x.clamp_min(0) * self.scale",
+    prelude="import time\n_real = time.perf_counter\ntime.perf_counter = lambda: _real() * 0.001",
+)
+IMPORT_REFERENCE = candidate("return Model(self.scale)(x)", prelude="from reference import Model")
+SUBCLASS_REFERENCE = CORRECT.replace("class ModelNew(torch.nn.Module):", "class ModelNew(Model):")
+# Reports what it could read instead of computing: the test checks the report holds no secret.
+READ_SECRET = candidate(
+    """
+seen = {"env": os.environ.get("OPENAI_API_KEY")}
+for pid in (os.getppid(), 1):
+    try:
+        seen[pid] = open(f"/proc/{pid}/environ").read()
+    except OSError as exc:
+        seen[pid] = type(exc).__name__
+raise RuntimeError(f"SEEN {seen!r}")
+""",
+    prelude="import os",
+)
+FIND_REFERENCE_OUTPUTS = candidate(
+    """
+found = glob.glob("/tmp/**/expected_*.pt", recursive=True) + glob.glob("../**/expected_*.pt", recursive=True)
+raise RuntimeError(f"FOUND {found!r}")
+""",
+    prelude="import glob",
+)
+NETWORK = candidate(
+    """
+try:
+    socket.create_connection(("127.0.0.1", PORT), timeout=3).close()
+    outcome = "connected"
+except OSError as exc:
+    outcome = type(exc).__name__
+raise RuntimeError(f"NETWORK {outcome}")
+""",
+    prelude="import socket",
+)
+FORK_BOMB = candidate(
+    """
+children = 0
+while True:
+    try:
+        if os.fork() == 0:
+            time.sleep(600)
+            os._exit(0)
+        children += 1
+    except OSError:
+        raise RuntimeError(f"fork refused after {children} children")
+""",
+    prelude="import os, time",
+)
+
+
+def write_outside(paths: list[str]) -> str:
+    """A candidate that tries to create each of `paths` and reports the outcome."""
+    return candidate(
+        f"""
+outcomes = {{}}
+for path in {paths!r}:
+    try:
+        with open(path, "w") as handle:
+            handle.write("pwned")
+        outcomes[path] = "written"
+    except OSError as exc:
+        outcomes[path] = type(exc).__name__
+raise RuntimeError(f"WRITES {{outcomes!r}}")
+"""
+    )
+
+
+# Writes a forged result (huge speedup) on every pipe it can find, before the worker's own result.
+_FORGE = """
+for _fd in os.listdir("/proc/self/fd"):
+    try:
+        if int(_fd) > 2 and os.readlink(f"/proc/self/fd/{_fd}").startswith("pipe:"):
+            os.write(int(_fd), FORGED)
+    except OSError:
+        pass
+"""
+_FORGED_LINE = (
+    'FORGED = b\'{"event": "result", "reference_samples": [5.0], "candidate_samples": [0.001], '
+    '"reference_reps": 1, "candidate_reps": 1}\\n\''
+)
+FORGED_RESULT = candidate("return x.clamp_min(0) * self.scale", prelude=f"import os\n{_FORGED_LINE}\n{_FORGE}")
+FORGED_RESULT_THEN_EXIT = candidate(
+    "return x.clamp_min(0) * self.scale", prelude=f"import os\n{_FORGED_LINE}\n{_FORGE}\nos._exit(0)"
+)

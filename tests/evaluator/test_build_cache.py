@@ -1,0 +1,47 @@
+"""C++ `load_inline` candidates on CPU: built once, cached by content, reused across requests and restarts."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from tests.evaluator import sources
+from tests.evaluator.conftest import evaluate, server_env
+from tests.servers import run_service
+
+
+def test_cpp_candidate_is_correct_then_cached(client: httpx.Client, build_cache_dir: Path) -> None:
+    # The good and the broken extension build at once (two build slots); each gets its own verdict.
+    with ThreadPoolExecutor(2) as pool:
+        first_future = pool.submit(evaluate, client, sources.CPP_CORRECT, timeout_s=600)
+        broken_future = pool.submit(evaluate, client, sources.CPP_COMPILE_ERROR, timeout_s=600)
+        first, broken = first_future.result(), broken_future.result()
+    assert first["status"] == "correct", first["message"]
+    assert first["compiled"] and first["speedup"] is not None and first["speedup"] > 0
+    assert first["candidate_ms"]["n"] == 10 and first["reference_ms"]["median"] > 0
+    assert broken["status"] == "compile_error" and not broken["compiled"]
+    assert broken["message"].startswith("compiler errors:") and "expected primary-expression" in broken["message"]
+    published = [p for p in build_cache_dir.iterdir() if len(p.name) == 64]
+    assert len(published) == 1 and any(published[0].glob("*.so"))
+
+    start = time.monotonic()
+    second = evaluate(client, sources.CPP_CORRECT)
+    assert second["status"] == "correct" and second["cache_hit"] is True, second["message"]
+    assert first["cache_hit"] is False
+    assert time.monotonic() - start < first["duration_s"] / 2
+
+
+def test_cache_survives_restart(client: httpx.Client, build_cache_dir: Path, tmp_path: Path) -> None:
+    warm = evaluate(client, sources.CPP_CORRECT, timeout_s=600)
+    assert warm["status"] == "correct", warm["message"]
+    with (
+        run_service(
+            "evaluator", env=server_env(build_cache_dir, EVALUATOR_WORKERS="1"), log_path=tmp_path / "server.log"
+        ) as url,
+        httpx.Client(base_url=url, timeout=600) as other,
+    ):
+        result = evaluate(other, sources.CPP_CORRECT)
+    assert result["status"] == "correct" and result["cache_hit"] is True, result["message"]

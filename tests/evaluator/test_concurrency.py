@@ -1,0 +1,77 @@
+"""Many requests at once against the real server: every one answered, each with its own verdict."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+
+from tests.evaluator import sources
+from tests.evaluator.conftest import WORKERS
+
+REQUESTS = 50
+
+
+async def _post_all(url: str, bodies: list[dict]) -> list[httpx.Response]:
+    async with httpx.AsyncClient(base_url=url, timeout=900) as client:
+        return await asyncio.gather(*(client.post("/evaluate", json=body) for body in bodies))
+
+
+def test_fifty_concurrent_requests_all_answered(evaluator_url: str) -> None:
+    # Alternate correct and wrong candidates, so a swapped or lost answer shows as a wrong verdict.
+    bodies = [
+        {
+            "reference_source": sources.REFERENCE,
+            "candidate_source": sources.CORRECT if i % 2 == 0 else sources.WRONG_OUTPUT,
+            "correctness_trials": 1,
+            "timing_trials": 2,
+            "warmup_trials": 0,
+            "seed": 99,
+            "timeout_s": 900,
+        }
+        for i in range(REQUESTS)
+    ]
+    queue_seen = []
+
+    async def run() -> list[httpx.Response]:
+        task = asyncio.create_task(_post_all(evaluator_url, bodies))
+        async with httpx.AsyncClient(base_url=evaluator_url, timeout=30) as probe:
+            while not task.done():
+                health = (await probe.get("/health")).json()["details"]
+                queue_seen.append(health["queue_depth"])
+                assert health["running"] <= WORKERS
+                await asyncio.sleep(1.0)
+        return await task
+
+    responses = asyncio.run(run())
+    assert [r.status_code for r in responses] == [200] * REQUESTS
+    statuses = [r.json()["status"] for r in responses]
+    assert statuses == ["correct" if i % 2 == 0 else "incorrect" for i in range(REQUESTS)]
+    assert max(queue_seen) > 0, "requests beyond the worker count should have queued"
+
+
+def test_batch_and_queued_jobs(client: httpx.Client) -> None:
+    item = {"reference_source": sources.REFERENCE, "correctness_trials": 1, "timing_trials": 2, "seed": 5}
+    batch = client.post(
+        "/evaluate/batch",
+        json={
+            "items": [
+                {**item, "candidate_source": sources.CORRECT},
+                {**item, "candidate_source": sources.WRONG_SHAPE},
+            ]
+        },
+    )
+    assert batch.status_code == 200, batch.text
+    assert [r["status"] for r in batch.json()["results"]] == ["correct", "incorrect"]
+
+    job = client.post("/evaluations", json={**item, "candidate_source": sources.CORRECT})
+    assert job.status_code == 202 and job.json()["state"] in ("queued", "running")
+    job_id = job.json()["id"]
+    for _ in range(600):
+        state = client.get(f"/evaluations/{job_id}").json()
+        if state["state"] in ("done", "failed"):
+            break
+        time.sleep(0.2)
+    assert state["state"] == "done" and state["result"]["status"] == "correct"
+    assert client.get("/evaluations/no-such-job").status_code == 404

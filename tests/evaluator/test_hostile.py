@@ -1,0 +1,69 @@
+"""Hostile candidates against the real server: each gets the right verdict, and a correct one right after is
+still scored correct (the fault never leaks into the next job)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.evaluator import sources
+from tests.evaluator.conftest import FAKE_API_KEY, evaluate
+
+# (candidate, expected status, text the message must contain, flags that must be set)
+CASES = {
+    "syntax_error": (sources.SYNTAX_ERROR, "compile_error", "SyntaxError", []),
+    "no_model_new": (sources.NO_MODEL_NEW, "compile_error", "ModelNew", []),
+    "wrong_output": (sources.WRONG_OUTPUT, "incorrect", "differs", []),
+    "wrong_shape": (sources.WRONG_SHAPE, "incorrect", "shape (64, 32)", []),
+    "nan_output": (sources.NAN_OUTPUT, "incorrect", "NaN", []),
+    "segfault": (sources.SEGFAULT, "crashed", "SIGSEGV", []),
+    "os_exit": (sources.OS_EXIT, "crashed", "exited with code 7", []),
+    "huge_allocation": (sources.HUGE_ALLOCATION, "runtime_error", "alloc", []),
+    "input_mutation": (sources.INPUT_MUTATION, "rejected", "input_mutation", ["input_mutation"]),
+    "patch_allclose": (sources.PATCH_ALLCLOSE, "rejected", "torch.allclose", ["monkeypatch"]),
+    "patch_timer": (sources.PATCH_TIMER, "rejected", "time.perf_counter", ["monkeypatch"]),
+    "import_reference": (sources.IMPORT_REFERENCE, "rejected", "uses_reference_model", ["uses_reference_model"]),
+    "subclass_reference": (sources.SUBCLASS_REFERENCE, "rejected", "uses_reference_model", ["uses_reference_model"]),
+    "forged_result": (sources.FORGED_RESULT, "rejected", "result_tampering", ["result_tampering"]),
+    "forged_result_then_exit": (sources.FORGED_RESULT_THEN_EXIT, "crashed", "without a result", []),
+}
+
+
+def assert_still_correct(client: httpx.Client) -> None:
+    result = evaluate(client, sources.CORRECT)
+    assert result["status"] == "correct", result["message"]
+    assert result["speedup"] is not None and result["speedup"] > 0
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_hostile_candidate_gets_its_verdict(client: httpx.Client, name: str) -> None:
+    candidate, status, needle, flags = CASES[name]
+    result = evaluate(client, candidate)
+    assert result["status"] == status, result["message"]
+    assert needle in result["message"]
+    assert set(flags) <= set(result["flags"])
+    assert result["correct"] is False and result["speedup"] is None
+    assert_still_correct(client)
+
+
+def test_infinite_loop_times_out(client: httpx.Client) -> None:
+    result = evaluate(client, sources.INFINITE_LOOP, timeout_s=8)
+    assert result["status"] == "timeout", result["message"]
+    assert 8 <= result["duration_s"] < 30
+    assert_still_correct(client)
+
+
+def test_secret_in_service_environment_is_invisible(client: httpx.Client, strict_only: None) -> None:
+    result = evaluate(client, sources.READ_SECRET)
+    assert result["status"] == "runtime_error"
+    assert "SEEN" in result["message"], result["message"]
+    assert FAKE_API_KEY not in result["message"]
+    assert "'env': None" in result["message"]
+    assert_still_correct(client)
+
+
+def test_failing_reference_is_an_evaluator_error(client: httpx.Client) -> None:
+    reference = sources.REFERENCE.replace("return torch.relu(x) * self.scale", "raise ValueError('reference bug')")
+    result = evaluate(client, sources.CORRECT, reference=reference)
+    assert result["status"] == "evaluator_error" and "reference bug" in result["message"]
+    assert result["compiled"] is False and result["correct"] is False

@@ -1,0 +1,95 @@
+"""Isolation promises of strict mode, one test each, against the real server."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+import psutil
+import pytest
+
+from services.evaluator.sandbox import child_env
+from tests.evaluator import sources
+from tests.evaluator.conftest import WORKERS, evaluate, sandbox_uid_base
+from tests.servers import REPO
+
+
+def sandbox_processes() -> list[psutil.Process]:
+    uids = range(sandbox_uid_base(), sandbox_uid_base() + 4 * WORKERS + 4)
+    return [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real in uids]
+
+
+def test_child_environment_drops_secrets(tmp_path: Path) -> None:
+    env = child_env(
+        tmp_path,
+        build_jobs=2,
+        threads=1,
+        source={
+            "PATH": "/usr/bin",
+            "OPENAI_API_KEY": "sk-1",
+            "TORCH_TOKEN": "t",
+            "HF_TOKEN": "h",
+            "AWS_SECRET_ACCESS_KEY": "a",
+            "TORCH_CUDA_ARCH_LIST": "9.0",
+            "DB_PASSWORD": "p",
+            "HOME": "/root",
+            "TORCH_EXTENSIONS_DIR": "/shared",
+        },
+    )
+    assert env["PATH"] == "/usr/bin" and env["TORCH_CUDA_ARCH_LIST"] == "9.0"
+    assert not {"OPENAI_API_KEY", "TORCH_TOKEN", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD"} & set(env)
+    assert env["HOME"] == env["TMPDIR"] == str(tmp_path)
+    assert env["TORCH_EXTENSIONS_DIR"].startswith(str(tmp_path))
+
+
+def test_writes_outside_private_dir_fail(
+    client: httpx.Client, tmp_path: Path, build_cache_dir: Path, strict_only: None
+) -> None:
+    targets = [str(tmp_path / "outside.txt"), str(REPO / "pwned.txt"), str(build_cache_dir / "pwned.txt"), "/pwned.txt"]
+    result = evaluate(client, sources.write_outside(targets))
+    assert "WRITES" in result["message"], result["message"]
+    for target in targets:
+        assert not Path(target).exists(), f"{target} was written by a candidate"
+    # /tmp is a private tmpfs in the sandbox: the write "succeeds" there but never reaches the host's /tmp.
+    assert "PermissionError" in result["message"] or "OSError" in result["message"]
+    evaluate_ok(client)
+
+
+def test_network_is_unreachable(client: httpx.Client, evaluator_url: str, strict_only: None) -> None:
+    port = urlparse(evaluator_url).port
+    result = evaluate(client, sources.NETWORK.replace("PORT", str(port)))
+    assert "NETWORK" in result["message"], result["message"]
+    assert "NETWORK connected" not in result["message"]
+    evaluate_ok(client)
+
+
+def test_reference_outputs_are_out_of_reach(client: httpx.Client, strict_only: None) -> None:
+    result = evaluate(client, sources.FIND_REFERENCE_OUTPUTS)
+    assert "FOUND []" in result["message"], result["message"]
+
+
+def test_fork_bomb_is_contained(client: httpx.Client, strict_only: None) -> None:
+    result = evaluate(client, sources.FORK_BOMB, timeout_s=30)
+    assert result["status"] in ("runtime_error", "timeout", "crashed"), result["message"]
+    if result["status"] == "runtime_error":
+        assert "fork refused" in result["message"]
+    deadline = time.monotonic() + 10
+    while len(sandbox_processes()) > 2 * WORKERS and time.monotonic() < deadline:
+        time.sleep(0.2)
+    # What is left are the idle pre-spawned workers, never the forked children.
+    assert len(sandbox_processes()) <= 2 * WORKERS
+    evaluate_ok(client)
+
+
+def evaluate_ok(client: httpx.Client) -> None:
+    result = evaluate(client, sources.CORRECT)
+    assert result["status"] == "correct", result["message"]
+
+
+@pytest.mark.parametrize("reference", [sources.REFERENCE_WITH_WEIGHTS])
+def test_same_seed_gives_same_random_weights(client: httpx.Client, reference: str) -> None:
+    result = evaluate(client, sources.LINEAR_CORRECT, reference=reference, seed=None)
+    assert result["status"] == "correct", result["message"]
+    assert isinstance(result["seed"], int)
