@@ -1,0 +1,27 @@
+"""The seven-op elementwise chain fused into one Triton kernel."""
+
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def chain_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    y = (tl.sigmoid(tl.maximum(x * 2.0 + 1.0, 0.0) * 0.5) - 0.25) * 3.0
+    tl.store(y_ptr + offs, y, mask=mask)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        n = x.numel()
+        chain_kernel[(triton.cdiv(n, 4096),)](x, y, n, BLOCK=4096)
+        return y
