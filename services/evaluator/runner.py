@@ -50,11 +50,13 @@ class WorkerContext:
             # Build for this GPU's arch only (read from the device) unless the candidate names its own.
             os.environ.setdefault("TORCH_CUDA_ARCH_LIST", pch.device_arch(0))
             backend.activate()
-            # Trusted libraries whose import patches torch (torch._dynamo wraps torch.manual_seed, and triton
-            # pulls it in) load before the guard's snapshot, so a Triton candidate is not flagged for them.
-            importlib.import_module("torch._dynamo")
-            if triton_support.available():
-                importlib.import_module("triton.language")
+        # Trusted patches of torch by torch itself happen before the guard's snapshot, so that a torch.compile or
+        # Triton candidate is not flagged for them: importing torch._dynamo wraps torch.manual_seed, and dynamo's
+        # first compile replaces nn.Module.__init__/__setstate__ (generation tagging), which we install up front.
+        dynamo = importlib.import_module("torch._dynamo")
+        dynamo.mutation_guard.install_generation_tagging_init()
+        if backend.name == "cuda" and triton_support.available():
+            importlib.import_module("triton.language")
         return cls(backend, Path.cwd(), Path(cache_dir), threads, emit)
 
     def exclusive_device(self) -> contextlib.AbstractContextManager[None]:

@@ -1,0 +1,1 @@
+"""The implementer service: turns a kernel plus one optimization suggestion into a new candidate kernel."""

@@ -1,0 +1,45 @@
+"""Typed dependencies of the routes; tests replace them through `app.dependency_overrides`."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from services.implementer.backends import ImplementerBackend
+from services.implementer.config import Settings
+from services.implementer.metrics import ImplementerMetrics
+
+_bearer = HTTPBearer(auto_error=False)
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_backend(request: Request) -> ImplementerBackend:
+    return request.app.state.backend
+
+
+def get_metrics(request: Request) -> ImplementerMetrics:
+    return request.app.state.metrics
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+BackendDep = Annotated[ImplementerBackend, Depends(get_backend)]
+MetricsDep = Annotated[ImplementerMetrics, Depends(get_metrics)]
+
+
+def require_token(
+    settings: SettingsDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> None:
+    """Router-level check: when IMPLEMENTER_TOKEN is set, every protected route needs `Authorization: Bearer <token>`."""
+    if settings.token is None:
+        return
+    given = credentials.credentials if credentials else ""
+    if not hmac.compare_digest(given.encode(), settings.token.encode()):
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
+        )
