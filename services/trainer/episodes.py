@@ -1,0 +1,268 @@
+"""Multi-turn episodes of one update, run concurrently: batched generation, then every implementer request in flight
+together, then every evaluator request together. No generated code runs here: the services do that."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from services.trainer.prompts import build_prompt
+from services.trainer.replicas import ReplicaPool
+from services.trainer.reward import RewardValues, reward
+from shared.clients import AsyncEvaluatorClient, AsyncImplementerClient, ServiceError
+from shared.contracts import MAX_SUGGESTION_CHARS, EvaluateRequest, EvaluationResult, ImplementRequest
+
+log = logging.getLogger(__name__)
+
+
+class FatalServiceError(RuntimeError):
+    """A service refused our credentials: training cannot go on."""
+
+
+class Interrupted(Exception):
+    """SIGINT/SIGTERM arrived during the rollout: the update is abandoned before any optimizer step."""
+
+
+class Generate(Protocol):
+    def __call__(self, prompts: list[list[int]]) -> list[tuple[list[int], str, bool]]:
+        """Completion ids, decoded text and whether it ended with EOS, one per prompt."""
+        ...
+
+
+@dataclass
+class Turn:
+    """One sample: a turn of one trajectory. reward None means left out of the loss."""
+
+    problem_id: str
+    group: int
+    trajectory: int
+    turn: int
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    suggestion: str
+    finished: bool
+    implement_status: str = ""
+    verdict: str | None = None
+    message: str = ""
+    kernel_hash: str | None = None
+    reward: float | None = None
+    speedup: float | None = None
+    eval_latency_s: float | None = None
+    ret: float = 0.0
+    advantage: float = 0.0
+
+
+@dataclass
+class EpisodeState:
+    kernel_a: str
+    kernel_b: str
+    suggestion: str = ""
+
+
+@dataclass
+class ServiceSettings:
+    target: str
+    device: str
+    timing_trials: int
+    correctness_trials: int
+    warmup_trials: int
+    require_custom_kernel: bool
+    evaluation_timeout_s: float | None
+    skip_upstream_errors: bool
+    rewards: RewardValues
+
+
+def reference_as_candidate(reference_source: str) -> str:
+    """The reference with `Model` renamed `ModelNew` (class and uses, e.g. super(Model, self)), to time it."""
+    tree = ast.parse(reference_source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == "Model":
+            node.name = "ModelNew"
+        elif isinstance(node, ast.Name) and node.id == "Model":
+            node.id = "ModelNew"
+    return ast.unparse(tree)
+
+
+def kernel_hash(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def _fatal_if_auth(exc: ServiceError) -> None:
+    if exc.status_code in (401, 403):
+        raise FatalServiceError(f"{exc}; fix: set the services' token in the variable named by api_token_env") from exc
+
+
+@dataclass
+class Services:
+    """The implementer and evaluator replicas, and the baseline cache: (problem hash, device) -> reference ms."""
+
+    implementers: ReplicaPool[AsyncImplementerClient]
+    evaluators: ReplicaPool[AsyncEvaluatorClient]
+    settings: ServiceSettings
+    baselines: dict[tuple[str, str], float] = field(default_factory=dict)
+    _baselined: set[str] = field(default_factory=set)
+
+    async def implement(self, reference: str, kernel_b: str, suggestion: str) -> tuple[str, str | None, str]:
+        """(status, new source, message); HTTP 5xx or no answer is `upstream_error`, another 4xx `refused`."""
+        request = ImplementRequest(
+            reference_source=reference,
+            current_source=kernel_b,
+            suggestion=suggestion[:MAX_SUGGESTION_CHARS],
+            target=self.settings.target,
+        )
+        try:
+            response = await self.implementers.call(lambda client: client.implement(request))
+        except ServiceError as exc:
+            _fatal_if_auth(exc)
+            busy = exc.status_code is None or exc.status_code >= 500
+            return ("upstream_error" if busy else "refused"), None, str(exc)[:500]
+        return response.status, response.source, response.message
+
+    async def evaluate(self, reference: str, candidate: str) -> tuple[EvaluationResult | None, float, str]:
+        """(result or None when the evaluator failed, latency in s, error message)."""
+        s = self.settings
+        request = EvaluateRequest(
+            reference_source=reference,
+            candidate_source=candidate,
+            device=s.device,  # type: ignore[arg-type]
+            correctness_trials=s.correctness_trials,
+            timing_trials=s.timing_trials,
+            warmup_trials=s.warmup_trials,
+            timeout_s=s.evaluation_timeout_s,
+            require_custom_kernel=s.require_custom_kernel,
+        )
+        start = time.perf_counter()
+        try:
+            result = await self.evaluators.call(lambda client: client.evaluate(request))
+        except ServiceError as exc:
+            _fatal_if_auth(exc)
+            return None, time.perf_counter() - start, str(exc)[:500]
+        return result, time.perf_counter() - start, result.message[:500]
+
+    async def ensure_baseline(self, problem_hash: str, reference: str) -> None:
+        """Time the reference once per problem (renamed ModelNew); its reference_ms becomes the baseline."""
+        if problem_hash in self._baselined:
+            return
+        self._baselined.add(problem_hash)
+        result, _, message = await self.evaluate(reference, reference_as_candidate(reference))
+        if result is None or result.reference_ms is None:
+            self._baselined.discard(problem_hash)  # try again next time the problem comes up
+            log.warning(
+                "no baseline timing for problem %s: %s",
+                problem_hash[:12],
+                message or (result.status.value if result else "evaluator error"),
+            )
+            return
+        self.baselines[(problem_hash, result.device)] = result.reference_ms.median
+
+    def baseline_for(self, problem_hash: str, result: EvaluationResult) -> float | None:
+        """The cached baseline of this device; a device seen first here takes this result's reference timing."""
+        key = (problem_hash, result.device)
+        if key not in self.baselines and result.reference_ms is not None:
+            self.baselines[key] = result.reference_ms.median
+        return self.baselines.get(key)
+
+    async def aclose(self) -> None:
+        await self.implementers.aclose()
+        await self.evaluators.aclose()
+
+
+async def _implement_turns(
+    services: Services, problems: Sequence[Any], states: list[EpisodeState], turns: list[Turn]
+) -> list[str | None]:
+    """Send every non-empty suggestion to the implementer at once; returns C (or None) per turn."""
+    values = services.settings.rewards
+
+    async def one(turn: Turn, state: EpisodeState) -> str | None:
+        if not turn.suggestion.strip():  # the implementer would refuse a blank suggestion (422)
+            turn.implement_status, turn.reward, turn.message = "empty_suggestion", values.not_compiled, ""
+            return None
+        status, source, turn.message = await services.implement(
+            problems[turn.group].source, state.kernel_b, turn.suggestion
+        )
+        turn.implement_status = status
+        if status == "ok" and source:
+            return source
+        if status != "upstream_error" or not services.settings.skip_upstream_errors:
+            turn.reward = values.not_compiled  # no_code / invalid_code / refused: nothing that compiles came back
+        return None
+
+    return list(await asyncio.gather(*(one(t, s) for t, s in zip(turns, states, strict=True))))
+
+
+async def _evaluate_turns(
+    services: Services,
+    problems: Sequence[Any],
+    states: list[EpisodeState],
+    turns: list[Turn],
+    candidates: list[str | None],
+) -> None:
+    """Score every new kernel at once, set rewards, and advance the states that got a verdict."""
+
+    async def one(turn: Turn, state: EpisodeState, candidate: str) -> None:
+        problem = problems[turn.group]
+        turn.kernel_hash = kernel_hash(candidate)
+        result, turn.eval_latency_s, turn.message = await services.evaluate(problem.source, candidate)
+        if result is None:
+            turn.verdict = "evaluator_error"
+            return
+        turn.verdict = result.status.value
+        baseline = services.baseline_for(problem.hash, result)
+        turn.reward = reward(result, baseline, services.settings.rewards)
+        if turn.reward is not None and baseline is not None and result.candidate_ms is not None and result.correct:
+            turn.speedup = baseline / result.candidate_ms.median
+        if turn.verdict != "evaluator_error":  # the evaluator failing says nothing about C: stay on B
+            state.kernel_a, state.kernel_b, state.suggestion = state.kernel_b, candidate, turn.suggestion
+
+    jobs = [one(t, s, c) for t, s, c in zip(turns, states, candidates, strict=True) if c is not None]
+    await asyncio.gather(*jobs)
+
+
+async def run_episodes(
+    problems: Sequence[Any],
+    num_trajectories: int,
+    max_turns: int,
+    tokenizer: Any,
+    generate: Generate,
+    services: Services,
+    max_prompt_tokens: int,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> list[Turn]:
+    """All G trajectories of every problem, turn by turn; returns every turn (rewards set, returns not yet)."""
+    states = [EpisodeState(kernel_a=p.source, kernel_b=p.source) for p in problems for _ in range(num_trajectories)]
+    index = [(g, j) for g in range(len(problems)) for j in range(num_trajectories)]
+    await asyncio.gather(*(services.ensure_baseline(p.hash, p.source) for p in problems))
+    all_turns: list[Turn] = []
+    for t in range(max_turns):
+        if should_stop():
+            raise Interrupted
+        prompts = [
+            build_prompt(tokenizer, s.kernel_a, s.suggestion, s.kernel_b, services.settings.target, max_prompt_tokens)
+            for s in states
+        ]
+        completions = generate(prompts)
+        turns = [
+            Turn(
+                problem_id=problems[g].id,
+                group=g,
+                trajectory=j,
+                turn=t,
+                prompt_ids=prompt,
+                completion_ids=ids,
+                suggestion=text,
+                finished=finished,
+            )
+            for (g, j), prompt, (ids, text, finished) in zip(index, prompts, completions, strict=True)
+        ]
+        if should_stop():
+            raise Interrupted
+        candidates = await _implement_turns(services, problems, states, turns)
+        await _evaluate_turns(services, problems, states, turns, candidates)
+        all_turns.extend(turns)
+    return all_turns

@@ -1,0 +1,481 @@
+"""Multi-turn GRPO, top to bottom: rollout -> rewards -> returns -> advantages -> clipped loss + KL -> step -> log ->
+checkpoint. Helpers (the math) first, then `train`, the one loop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import signal
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from services.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from services.trainer.config import ConfigError, TrainConfig
+from services.trainer.episodes import Interrupted, Services, ServiceSettings, Turn, run_episodes
+from services.trainer.logging_utils import RunLogger, make_progress, plot_reward_curve, truncate_jsonl
+from services.trainer.policy import Policy, load_policy, make_batch
+from services.trainer.replicas import ReplicaPool
+from services.trainer.reward import RewardValues
+from shared.clients import AsyncEvaluatorClient, AsyncImplementerClient
+from shared.contracts import TrainerStatus
+
+log = logging.getLogger(__name__)
+STD_EPS = 1e-4  # as TRL: (R - mean) / (std + 1e-4)
+
+
+# ---------------------------------------------------------------- returns and advantages
+def discounted_returns(rewards: Sequence[float | None], gamma: float) -> list[float]:
+    """R_t = r_t + gamma * R_{t+1} over one trajectory's turns; a left-out turn (None) counts as r_t = 0."""
+    returns, running = [0.0] * len(rewards), 0.0
+    for t in reversed(range(len(rewards))):
+        running = (rewards[t] or 0.0) + gamma * running
+        returns[t] = running
+    return returns
+
+
+def group_advantages(returns: Sequence[float], groups: Sequence[Any], scale_rewards: bool) -> list[float]:
+    """(R - mean) / (std + eps) within each group (unbiased std, as TRL); a group of one gets 0."""
+    members: dict[Any, list[int]] = defaultdict(list)
+    for i, key in enumerate(groups):
+        members[key].append(i)
+    advantages = [0.0] * len(returns)
+    for idx in members.values():
+        values = [returns[i] for i in idx]
+        mean = statistics.fmean(values)
+        std = statistics.stdev(values) if len(values) > 1 else 0.0
+        for i in idx:
+            advantages[i] = (returns[i] - mean) / (std + STD_EPS) if scale_rewards else returns[i] - mean
+    return advantages
+
+
+def assign_returns_and_advantages(turns: list[Turn], config: TrainConfig) -> list[Turn]:
+    """Set ret/advantage on every turn; returns the turns that go into the loss (reward not None)."""
+    by_trajectory: dict[tuple[int, int], list[Turn]] = defaultdict(list)
+    for turn in turns:
+        by_trajectory[(turn.group, turn.trajectory)].append(turn)
+    for trajectory in by_trajectory.values():
+        trajectory.sort(key=lambda t: t.turn)
+        for turn, ret in zip(trajectory, discounted_returns([t.reward for t in trajectory], config.gamma), strict=True):
+            turn.ret = ret
+    samples = [t for t in turns if t.reward is not None]
+    per_turn = config.advantage_scope == "group_per_turn"
+    groups = [(t.group, t.turn) if per_turn else t.group for t in samples]
+    for turn, adv in zip(
+        samples, group_advantages([t.ret for t in samples], groups, config.scale_rewards), strict=True
+    ):
+        turn.advantage = adv
+    return samples
+
+
+# ---------------------------------------------------------------- the loss
+def grpo_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    ref_logps: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    epsilon: float,
+    epsilon_high: float,
+    beta: float,
+    normalization: str,
+    normalizer: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped importance-ratio loss plus beta * k3 KL, summed over this mini-batch and divided by `normalizer`:
+    the token count (token) or completion count (sequence) of the whole optimizer step, so accumulated
+    mini-batches add up to one mean."""
+    valid = mask.bool()
+    mask = mask.to(logps.dtype)
+    # Padding positions get log-ratio 0, so a huge pad value can never turn into inf * 0 = nan in the backward.
+    ratio = torch.exp(torch.where(valid, logps - old_logps, 0.0))
+    adv = advantages[:, None]
+    pg_loss = torch.max(-adv * ratio, -adv * torch.clamp(ratio, 1 - epsilon, 1 + epsilon_high))
+    per_token = pg_loss
+    kl = torch.zeros_like(logps)
+    if beta > 0 and ref_logps is not None:
+        delta = torch.where(valid, ref_logps - logps, 0.0)
+        kl = torch.exp(delta) - delta - 1  # k3: unbiased, always >= 0
+        per_token = per_token + beta * kl
+    if normalization == "token":
+        loss = (per_token * mask).sum() / normalizer
+    else:
+        loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / normalizer
+    clipped = ((ratio < 1 - epsilon) & (adv < 0)) | ((ratio > 1 + epsilon_high) & (adv > 0))
+    tokens = mask.sum().clamp(min=1)
+    stats = {
+        "kl": (kl * mask).sum() / tokens,
+        "clip_ratio": (clipped.to(mask.dtype) * mask).sum() / tokens,
+        "ratio": (ratio * mask).sum() / tokens,
+    }
+    return loss, stats
+
+
+def optimizer_steps(n_samples: int, config: TrainConfig, generator: torch.Generator) -> list[list[list[int]]]:
+    """Shuffled sample indices: steps of `gradient_accumulation_steps` mini-batches of `mini_batch_size`."""
+    order = torch.randperm(n_samples, generator=generator).tolist()
+    minis = [order[i : i + config.mini_batch_size] for i in range(0, n_samples, config.mini_batch_size)]
+    k = config.gradient_accumulation_steps
+    return [minis[i : i + k] for i in range(0, len(minis), k)]
+
+
+def pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    out = torch.zeros(len(rows), width, dtype=rows[0].dtype, device=rows[0].device)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out
+
+
+def optimise(
+    policy: Policy,
+    samples: list[Turn],
+    config: TrainConfig,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    accelerator: Any,
+    generator: torch.Generator,
+) -> dict[str, float]:
+    """One update's optimisation: old and reference log-probs of exactly the sampled ids, once, before the first
+    epoch (no_grad, same forward path as training); then ppo_epochs x optimizer steps x accumulated mini-batches."""
+    device = policy.device
+    pad = policy.tokenizer.pad_token_id
+    old_logps, ref_logps = [], []
+    with torch.no_grad():
+        for i in range(0, len(samples), config.mini_batch_size):
+            chunk = samples[i : i + config.mini_batch_size]
+            batch = make_batch([t.prompt_ids for t in chunk], [t.completion_ids for t in chunk], pad, device)
+            lengths = [len(t.completion_ids) for t in chunk]
+            old_logps += [row[:n] for row, n in zip(policy.logprobs(batch)[0], lengths, strict=True)]
+            if config.beta > 0:
+                ref_logps += [row[:n] for row, n in zip(policy.reference_logprobs(batch), lengths, strict=True)]
+
+    stats: dict[str, list[float]] = defaultdict(list)
+    eps_high = config.epsilon_high if config.epsilon_high is not None else config.epsilon
+    trainable = [p for p in policy.model.parameters() if p.requires_grad]
+    for _epoch in range(config.ppo_epochs):
+        for step in _equalise_steps(optimizer_steps(len(samples), config, generator), accelerator):
+            per_sample = (lambda t: len(t.completion_ids)) if config.loss_normalization == "token" else (lambda t: 1)
+            normalizer = float(sum(per_sample(samples[i]) for mini in step for i in mini)) or 1.0
+            for mini in step:
+                rows = mini or [0]  # an empty mini-batch only keeps processes in lockstep: zero weight
+                chunk = [samples[i] for i in rows]
+                batch = make_batch([t.prompt_ids for t in chunk], [t.completion_ids for t in chunk], pad, device)
+                width = batch.completion_ids.shape[1]
+                logps, entropy = policy.logprobs(batch, with_entropy=True)
+                loss, s = grpo_loss(
+                    logps,
+                    pad_rows([old_logps[i] for i in rows], width),
+                    pad_rows([ref_logps[i] for i in rows], width) if ref_logps else None,
+                    torch.tensor([t.advantage for t in chunk], device=device),
+                    batch.completion_mask,
+                    config.epsilon,
+                    eps_high,
+                    config.beta,
+                    config.loss_normalization,
+                    normalizer,
+                )
+                weighted = loss * (1.0 if mini else 0.0)
+                if accelerator is not None:
+                    accelerator.backward(weighted)
+                else:
+                    weighted.backward()
+                mask = batch.completion_mask.float()
+                stats["losses/loss"].append(loss.item())
+                stats["losses/entropy"].append(((entropy * mask).sum() / mask.sum().clamp(min=1)).item())
+                for key, value in s.items():
+                    stats[f"losses/{key}"].append(value.item())
+            grad_norm = torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
+            stats["losses/grad_norm"].append(float(grad_norm))
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+    return {k: statistics.fmean(v) for k, v in stats.items()}
+
+
+def select_problems(problems: Sequence[Any], update: int, count: int, seed: int) -> list[Any]:
+    """Problems of one update: consecutive slices of seeded permutations, a function of (seed, update) only, so a
+    resumed run sees the same problems it would have seen."""
+    chosen = []
+    for position in range(update * count, (update + 1) * count):
+        epoch, offset = divmod(position, len(problems))
+        order = list(range(len(problems)))
+        random.Random(seed * 100_003 + epoch).shuffle(order)
+        chosen.append(problems[order[offset]])
+    return chosen
+
+
+def rollout_metrics(turns: list[Turn], samples: list[Turn], num_trajectories: int) -> dict[str, float]:
+    rewards = [t.reward for t in samples if t.reward is not None]
+    scored = [t for t in turns if t.verdict not in (None, "evaluator_error")]
+    speedups = [t.speedup for t in turns if t.speedup is not None]
+    group_std = defaultdict(list)
+    for t in samples:
+        group_std[t.group].append(t.ret)
+    latencies = [t.eval_latency_s for t in turns if t.eval_latency_s is not None]
+    return {
+        "reward/mean": statistics.fmean(rewards) if rewards else 0.0,
+        "reward/std": statistics.pstdev(rewards) if rewards else 0.0,
+        "reward/frac_zero_std_groups": statistics.fmean([float(len(set(v)) <= 1) for v in group_std.values()])
+        if group_std
+        else 0.0,
+        "rate/compiled": statistics.fmean([t.verdict not in ("compile_error", "rejected") for t in scored])
+        if scored
+        else 0.0,
+        "rate/correct": sum(t.verdict == "correct" for t in turns) / max(len(turns), 1),
+        "rate/left_out": 1 - len(samples) / max(len(turns), 1),
+        "rate/upstream_error": sum(t.implement_status == "upstream_error" for t in turns) / max(len(turns), 1),
+        "rate/evaluator_error": sum(t.verdict == "evaluator_error" for t in turns) / max(len(turns), 1),
+        "speedup/mean": statistics.fmean(speedups) if speedups else 0.0,
+        "speedup/best": max(speedups, default=0.0),
+        "completions/mean_length": statistics.fmean([len(t.completion_ids) for t in turns]),
+        "completions/clipped_ratio": statistics.fmean([not t.finished for t in turns]),
+        "services/eval_latency_s": statistics.fmean(latencies) if latencies else 0.0,
+    }
+
+
+def make_services(config: TrainConfig) -> Services:
+    token = os.environ.get(config.api_token_env) or None
+    retries = config.request_retries
+    implementers = ReplicaPool(
+        config.implementer_urls,
+        lambda url: AsyncImplementerClient(url, token=token, timeout_s=config.implementer_timeout_s, retries=retries),
+        config.replica_cooldown_s,
+    )
+    evaluators = ReplicaPool(
+        config.evaluator_urls,
+        lambda url: AsyncEvaluatorClient(url, token=token, timeout_s=config.evaluator_timeout_s, retries=retries),
+        config.replica_cooldown_s,
+    )
+    rewards = RewardValues(
+        config.reward_not_compiled, config.reward_incorrect, config.reward_correct_bonus, config.speedup_cap
+    )
+    settings = ServiceSettings(
+        config.target,
+        config.evaluator_device,
+        config.timing_trials,
+        config.correctness_trials,
+        config.warmup_trials,
+        config.require_custom_kernel,
+        config.evaluation_timeout_s,
+        config.skip_upstream_errors,
+        rewards,
+    )
+    return Services(implementers, evaluators, settings)
+
+
+class StopFlag:
+    """First SIGINT/SIGTERM: finish cleanly at the next safe point; a second SIGINT interrupts at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGINT, self._handle)
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        log.warning("signal %d: stopping after the current step (again to abort)", signum)
+        self.requested = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def __call__(self) -> bool:
+        return self.requested
+
+
+# ---------------------------------------------------------------- the loop
+def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read top to bottom (CleanRL style)
+    from accelerate import Accelerator
+
+    run_dir = Path(config.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log.info("config:\n%s", "\n".join(f"  {k}: {v}" for k, v in config.to_dict().items()))
+
+    # 1. seed everything, then build the policy, optimizer and scheduler
+    random.seed(config.seed)
+    np.random.seed(config.seed)
+    torch.manual_seed(config.seed)
+    accelerator = Accelerator()
+    main_process = accelerator.is_main_process
+    checkpoint = latest_checkpoint(run_dir) if resume else None
+    if resume and checkpoint is None:
+        log.warning("--resume: no checkpoint in %s; starting at update 0", run_dir)
+    policy = load_policy(config, accelerator.device, resume_weights=checkpoint / "model" if checkpoint else None)
+    trainable = [p for p in policy.model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / config.warmup_steps) if config.warmup_steps else 1.0
+    )
+    policy.forward_model, optimizer = accelerator.prepare(policy.model, optimizer)
+    start = 0
+    if checkpoint is not None:
+        start = load_checkpoint(checkpoint, optimizer, scheduler)
+        for name in ("metrics.jsonl", "episodes.jsonl"):  # lines of updates after the checkpoint are redone
+            truncate_jsonl(run_dir / name, start)
+        log.info("resumed from %s at update %d", checkpoint, start)
+    (run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+
+    # 2. problems (split over processes), services, outputs
+    from problems import KernelBenchUnavailable, load_problems
+
+    try:
+        problems = load_problems(config.problems)
+    except (ValueError, KernelBenchUnavailable) as exc:
+        raise ConfigError(f"problems {config.problems!r}: {exc}") from exc
+    per_process = max(1, config.problems_per_step // accelerator.num_processes)
+    services = make_services(config)
+    logger = RunLogger(run_dir, enabled=main_process)
+    stop = StopFlag()
+    loop = asyncio.new_event_loop()
+    shuffle = torch.Generator().manual_seed(config.seed)
+    state: dict[str, Any] = {"state": "training", "update": start, "metrics": {}}
+    status_server = None
+    if config.status_port and main_process:
+        from services.trainer.status import StatusServer
+
+        status_server = StatusServer(
+            lambda: TrainerStatus(
+                state=state["state"],
+                update=state["update"],
+                total_updates=config.updates,
+                run_dir=str(run_dir),
+                last_metrics=state["metrics"],
+            ),
+            config.status_port,
+        )
+        status_server.start()
+    saved_update, empty_updates = start, 0
+    generation_s = [0.0]  # seconds spent generating in the current update
+
+    def generate(prompts: list[list[int]]) -> list[tuple[list[int], str, bool]]:
+        t0 = time.perf_counter()
+        out = policy.generate(prompts, should_stop=stop)
+        generation_s[0] += time.perf_counter() - t0
+        return out
+
+    progress = make_progress(main_process)
+    bar = progress.add_task("updates", total=config.updates, completed=start, info="")
+    episodes_bar = progress.add_task(
+        "episodes",
+        total=config.updates * per_process * config.num_trajectories,
+        completed=start * per_process * config.num_trajectories,
+        info="",
+    )
+    try:
+        with progress:
+            for update in range(start + 1, config.updates + 1):
+                t_update = time.perf_counter()
+                # 3. rollout: G trajectories per problem, every turn of every episode; rewards come from the verdicts
+                selection = select_problems(problems, update - 1, config.problems_per_step, config.seed)
+                mine = selection[accelerator.process_index :: accelerator.num_processes][:per_process]
+                generation_s[0] = 0.0
+                try:
+                    turns = loop.run_until_complete(
+                        run_episodes(
+                            mine,
+                            config.num_trajectories,
+                            config.max_steps_per_episode,
+                            policy.tokenizer,
+                            generate,
+                            services,
+                            config.max_prompt_tokens,
+                            stop,
+                        )
+                    )
+                except Interrupted:
+                    log.warning("update %d abandoned before any optimizer step", update)
+                    break
+                t_rollout = time.perf_counter() - t_update
+
+                # 4. returns R_t = r_t + gamma R_{t+1}, then advantages normalised within each problem's group
+                samples = assign_returns_and_advantages(turns, config)
+                metrics = rollout_metrics(turns, samples, config.num_trajectories)
+                n_tokens = sum(len(t.completion_ids) for t in turns)
+                empty_updates = 0 if samples else empty_updates + 1
+                if empty_updates >= config.max_empty_updates:
+                    raise RuntimeError(
+                        f"{empty_updates} updates in a row without a usable sample: the services "
+                        "failed every request; check the evaluator and implementer logs"
+                    )
+
+                # 5-6. old/reference log-probs once, then ppo_epochs of the clipped loss + KL (optimise, above)
+                t_opt = time.perf_counter()
+                stats = optimise(policy, samples, config, optimizer, scheduler, accelerator, shuffle)
+                t_opt = time.perf_counter() - t_opt
+
+                # 7. log: metrics.jsonl, episodes.jsonl, TensorBoard, progress, /status
+                metrics.update(stats)
+                metrics.update(
+                    {
+                        "perf/tokens_per_s": n_tokens / max(generation_s[0], 1e-9),
+                        "time/generation_s": generation_s[0],
+                        "time/services_s": t_rollout - generation_s[0],
+                        "time/optimisation_s": t_opt,
+                        "time/update_s": time.perf_counter() - t_update,
+                        "lr": scheduler.get_last_lr()[0],
+                        "samples": float(len(samples)),
+                    }
+                )
+                logger.log_update(update, metrics, turns)
+                state.update(update=update, metrics={"update": update, **metrics})
+                progress.update(bar, advance=1, info=f"reward {metrics['reward/mean']:+.3f}")
+                progress.update(episodes_bar, advance=len(mine) * config.num_trajectories, info="")
+
+                # 8. checkpoint every save_every updates (and when asked to stop)
+                if main_process and (update % config.save_every == 0 or stop()):
+                    save_checkpoint(
+                        run_dir,
+                        update,
+                        policy.model,
+                        policy.tokenizer,
+                        optimizer,
+                        scheduler,
+                        config.to_dict(),
+                        config.keep_checkpoints,
+                    )
+                    saved_update = update
+                accelerator.wait_for_everyone()
+                if stop():
+                    break
+        finished = state["update"] == config.updates
+        if main_process and state["update"] != saved_update:
+            save_checkpoint(
+                run_dir,
+                state["update"],
+                policy.model,
+                policy.tokenizer,
+                optimizer,
+                scheduler,
+                config.to_dict(),
+                config.keep_checkpoints,
+            )
+        if main_process and finished:
+            policy.model.save_pretrained(run_dir / "final")
+            policy.tokenizer.save_pretrained(run_dir / "final")
+        if main_process and logger.metrics_path.exists():
+            plot_reward_curve(logger.metrics_path, run_dir / "reward_curve.png")
+        state["state"] = "finished" if finished else "training"
+    except BaseException:
+        state["state"] = "failed"
+        raise
+    finally:
+        loop.run_until_complete(services.aclose())
+        loop.close()
+        logger.close()
+        if status_server is not None:
+            status_server.stop()
+    return run_dir
+
+
+def _equalise_steps(steps: list[list[list[int]]], accelerator: Any) -> list[list[list[int]]]:
+    """Under several processes every one must run as many backward passes (DDP all-reduces in each): pad with empty
+    mini-batches, which run with zero weight."""
+    if accelerator is None or accelerator.num_processes == 1:
+        return steps
+    counts = accelerator.gather(torch.tensor([len(steps)], device=accelerator.device))
+    return steps + [[[]] for _ in range(int(counts.max()) - len(steps))]

@@ -1,0 +1,81 @@
+"""The suggester's prompt: named text constants and the token-budgeted fill-in (kernel A is cut first, then B)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+SYSTEM_PROMPT = (
+    "You are a GPU performance engineer. You read PyTorch modules and GPU kernels and propose one concrete "
+    "optimization at a time; another engineer implements it."
+)
+
+TARGET_WORDS = {
+    "cuda": "CUDA C++ (compiled inline with torch.utils.cpp_extension.load_inline)",
+    "triton": "Triton",
+    "torch": "PyTorch operations only",
+}
+
+KERNEL_A_SECTION = "Kernel A (the previous version):\n```python\n{kernel}\n```\n\n"
+KERNEL_A_SAME = "Kernel A: the same as kernel B (no change made yet).\n\n"
+SUGGESTION_SECTION = "Suggestion that turned kernel A into kernel B:\n{suggestion}\n\n"
+NO_SUGGESTION = "Suggestion that turned kernel A into kernel B: none yet; kernel B is the reference.\n\n"
+KERNEL_B_SECTION = "Kernel B (the current version):\n```python\n{kernel}\n```\n\n"
+INSTRUCTION = (
+    "Goal: make kernel B faster while its outputs stay equal to the reference's. The next version will be written "
+    "in {target}. Write ONE optimization suggestion for kernel B in at most three sentences: name the operation "
+    "and the technique (for example operator fusion, tiling, shared memory, vectorized loads, removing redundant "
+    "work). Do not write code."
+)
+CUT_MARKER = "\n# ... [{n} tokens cut] ...\n"
+
+
+def _user_text(kernel_a: str | None, suggestion: str, kernel_b: str, target: str) -> str:
+    text = KERNEL_A_SAME if kernel_a is None else KERNEL_A_SECTION.format(kernel=kernel_a)
+    text += SUGGESTION_SECTION.format(suggestion=suggestion.strip()) if suggestion.strip() else NO_SUGGESTION
+    text += KERNEL_B_SECTION.format(kernel=kernel_b)
+    return text + INSTRUCTION.format(target=TARGET_WORDS[target])
+
+
+def _render(tokenizer: Any, user: str) -> list[int]:
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+
+
+def _cut_middle(tokenizer: Any, text: str, keep_tokens: int) -> str:
+    """Keep the first and last keep_tokens/2 tokens of text, marking the cut."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) <= keep_tokens:
+        return text
+    if keep_tokens <= 0:
+        return CUT_MARKER.format(n=len(ids)).strip()
+    head, tail = keep_tokens - keep_tokens // 2, keep_tokens // 2
+    cut = CUT_MARKER.format(n=len(ids) - keep_tokens)
+    return tokenizer.decode(ids[:head]) + cut + (tokenizer.decode(ids[-tail:]) if tail else "")
+
+
+def build_prompt(
+    tokenizer: Any, kernel_a: str, suggestion: str, kernel_b: str, target: str, max_tokens: int
+) -> list[int]:
+    """Chat-templated prompt ids showing A, the last suggestion and B, within max_tokens.
+
+    The instruction and the template are never cut. Kernel A gives way first; kernel B is cut (head and tail
+    kept) only when it alone does not fit. A equal to B is shown once.
+    """
+    a = None if kernel_a == kernel_b else kernel_a
+    ids = _render(tokenizer, _user_text(a, suggestion, kernel_b, target))
+    if len(ids) <= max_tokens:
+        return ids
+    overhead = len(_render(tokenizer, _user_text(None if a is None else "", suggestion, "", target)))
+    budget = max_tokens - overhead
+    if budget <= 0:
+        raise ValueError(f"max_prompt_tokens {max_tokens} cannot hold the instruction ({overhead} tokens)")
+    b_len = len(tokenizer.encode(kernel_b, add_special_tokens=False))
+    for slack in (8, 32, 128, budget):  # re-tokenising joined text can differ by a few tokens at the seams
+        keep_b = min(b_len, budget - slack)
+        keep_a = budget - slack - keep_b
+        new_a = None if a is None else _cut_middle(tokenizer, a, keep_a)
+        ids = _render(tokenizer, _user_text(new_a, suggestion, _cut_middle(tokenizer, kernel_b, keep_b), target))
+        if len(ids) <= max_tokens:
+            return ids
+    raise ValueError(f"could not fit the prompt into {max_tokens} tokens")

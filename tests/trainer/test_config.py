@@ -1,0 +1,80 @@
+"""Config: YAML plus `--field value` overrides, repeated service URLs, and checks that name the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.trainer.config import ConfigError, TrainConfig, build_parser, config_from_dict, load_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_yaml_then_overrides_and_repeated_urls(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("problems_per_step: 2\nlearning_rate: 5e-5\nuse_lora: true\n")
+    config, args = load_config(
+        [
+            "--config",
+            str(path),
+            "--num-trajectories",
+            "8",
+            "--use_lora",
+            "false",
+            "--evaluator-url",
+            "http://a",
+            "--evaluator-url",
+            "http://b",
+            "--implementer-url",
+            "http://c",
+            "--epsilon-high",
+            "0.28",
+            "--resume",
+        ]
+    )
+    assert (config.problems_per_step, config.num_trajectories, config.use_lora) == (2, 8, False)
+    assert config.learning_rate == pytest.approx(5e-5)  # YAML reads 5e-5 as a string; it is converted
+    assert config.evaluator_urls == ["http://a", "http://b"]
+    assert config.implementer_urls == ["http://c"]
+    assert config.epsilon_high == pytest.approx(0.28)
+    assert args.resume
+
+
+def test_shipped_configs_load():
+    for name in ("default.yaml", "qwen2-gpt4o.yaml"):
+        config, _ = load_config(["--config", str(REPO / "configs" / name)])
+        assert config.updates >= 1
+    default, _ = load_config(["--config", str(REPO / "configs" / "default.yaml")])
+    assert default.model == "embedded:smollm2"
+
+
+@pytest.mark.parametrize(
+    ("values", "fragment"),
+    [
+        ({"num_trajectories": 1}, "group of one"),
+        ({"gamma": 1.5}, "gamma"),
+        ({"epsilon": 0.2, "epsilon_high": 0.1}, "epsilon_high"),
+        ({"beta": -0.1}, "beta"),
+        ({"temperature": 0.0}, "temperature"),
+        ({"max_new_tokens": 512, "max_prompt_tokens": 600}, "max_prompt_tokens"),
+        ({"reward_not_compiled": 0.0, "reward_incorrect": -0.5}, "rewards must order"),
+        ({"advantage_scope": "batch"}, "advantage_scope"),
+        ({"no_such_field": 1}, "unknown config field"),
+    ],
+)
+def test_bad_values_fail_with_reason_and_fix(values, fragment):
+    with pytest.raises(ConfigError, match="fix") as info:
+        config_from_dict(values)
+    assert fragment in str(info.value)
+
+
+def test_services_required_by_the_cli():
+    with pytest.raises(ConfigError, match="--evaluator-url"):
+        TrainConfig().require_services()
+
+
+def test_every_field_has_help():
+    helps = {a.dest: a.help for a in build_parser()._actions}
+    missing = [f for f in TrainConfig.__dataclass_fields__ if not helps.get(f)]
+    assert not missing

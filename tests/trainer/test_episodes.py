@@ -1,0 +1,110 @@
+"""Episode bookkeeping for the failure modes the real builtin services never produce: an implementer upstream error
+(left out, state kept), no_code (-1, state kept), an evaluator error (never -1, state kept), an empty suggestion
+(-1 without an implementer call). The services are stand-ins here; the integration test uses the real ones."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from services.trainer.episodes import Services, ServiceSettings, reference_as_candidate, run_episodes
+from services.trainer.replicas import ReplicaPool
+from services.trainer.reward import RewardValues
+from shared.clients import ServiceError
+from shared.contracts import EvaluationResult, EvaluationStatus, ImplementResponse, TimingStats
+
+REFERENCE = (
+    "import torch\n\nclass Model(torch.nn.Module):\n    def __init__(self):\n"
+    "        super(Model, self).__init__()\n\n    def forward(self, x):\n        return torch.relu(x)\n"
+)
+
+
+@dataclass(frozen=True)
+class FakeProblem:
+    id: str = "builtin/relu"
+    source: str = REFERENCE
+    hash: str = "h0"
+
+
+def _ms(value: float) -> TimingStats:
+    return TimingStats(median=value, mean=value, std=0.0, min=value, max=value, n=5)
+
+
+class ScriptedImplementer:
+    """Answers by the suggestion's text; records what it was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, str]] = []
+
+    async def implement(self, request):
+        self.asked.append((request.suggestion, request.current_source))
+        if request.suggestion.startswith("down"):
+            raise ServiceError("implementer", 503, "LLM overloaded")
+        if request.suggestion.startswith("nocode"):
+            return ImplementResponse(status="no_code", backend="scripted")
+        return ImplementResponse(status="ok", backend="scripted", source=f"# from {request.suggestion}\n")
+
+    async def aclose(self) -> None:
+        return None
+
+
+class ScriptedEvaluator:
+    async def evaluate(self, request):
+        if request.candidate_source.startswith("# from evalfail"):
+            return EvaluationResult(
+                status=EvaluationStatus.evaluator_error, compiled=False, correct=False, device="cpu"
+            )
+        return EvaluationResult(
+            status=EvaluationStatus.correct,
+            compiled=True,
+            correct=True,
+            device="cpu",
+            reference_ms=_ms(2.0),
+            candidate_ms=_ms(1.0 if "fast" in request.candidate_source else 2.0),
+        )
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_failure_modes_rewards_and_state(tokenizer):
+    implementer = ScriptedImplementer()
+    settings = ServiceSettings("cuda", "auto", 5, 1, 1, False, None, True, RewardValues())
+    services = Services(
+        ReplicaPool(["i"], lambda _: implementer), ReplicaPool(["e"], lambda _: ScriptedEvaluator()), settings
+    )
+    # trajectory j's suggestions at turns 0 and 1
+    script = {
+        0: ["down", "fast again"],
+        1: ["nocode", "fast"],
+        2: ["evalfail", "fast"],
+        3: ["", "fast"],
+        4: ["fast", "fast2"],
+    }
+    calls = {"n": 0}
+
+    def generate(prompts):
+        turn = calls["n"]
+        calls["n"] += 1
+        return [([7, 2], script[j][turn], True) for j in range(len(prompts))]
+
+    turns = asyncio.run(run_episodes([FakeProblem()], 5, 2, tokenizer, generate, services, 1024))
+    by = {(t.trajectory, t.turn): t for t in turns}
+    assert by[(0, 0)].implement_status == "upstream_error" and by[(0, 0)].reward is None
+    assert by[(1, 0)].implement_status == "no_code" and by[(1, 0)].reward == -1.0
+    assert by[(2, 0)].verdict == "evaluator_error" and by[(2, 0)].reward is None
+    assert by[(3, 0)].implement_status == "empty_suggestion" and by[(3, 0)].reward == -1.0
+    assert by[(4, 0)].verdict == "correct" and by[(4, 0)].reward == 0.3 + 2.0  # baseline 2 ms / candidate 1 ms
+    assert services.baselines == {("h0", "cpu"): 2.0}
+    # at turn 1, trajectories 0-3 still start from the reference (no advance); 4 starts from its new kernel
+    sources = dict(implementer.asked)
+    for suggestion in ("fast again", "fast"):
+        assert sources[suggestion] == REFERENCE
+    assert sources["fast2"] == "# from fast\n"
+    assert "" not in sources  # the empty suggestion never reached the implementer
+
+
+def test_reference_renamed_for_the_baseline():
+    renamed = reference_as_candidate(REFERENCE)
+    assert "class ModelNew(torch.nn.Module)" in renamed and "super(ModelNew, self)" in renamed
+    assert "Model(" not in renamed.replace("ModelNew(", "")

@@ -1,0 +1,155 @@
+"""Returns, advantages and the clipped loss against hand-computed values; masking of padding and left-out samples."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from services.trainer.config import TrainConfig
+from services.trainer.episodes import Turn
+from services.trainer.grpo import (
+    STD_EPS,
+    assign_returns_and_advantages,
+    discounted_returns,
+    group_advantages,
+    grpo_loss,
+    optimizer_steps,
+    select_problems,
+)
+
+
+def test_discounted_returns_by_hand():
+    assert discounted_returns([1.0, -1.0, 2.0], 0.5) == pytest.approx([1.0 - 0.5 + 0.5, -1.0 + 1.0, 2.0])
+    assert discounted_returns([1.0, 2.0], 0.0) == [1.0, 2.0]
+    assert discounted_returns([1.0, 1.0, 1.0], 1.0) == [3.0, 2.0, 1.0]
+
+
+def test_left_out_turn_counts_as_zero_in_earlier_returns():
+    assert discounted_returns([1.0, None, 4.0], 0.5) == pytest.approx([1.0 + 0.25 * 4.0, 2.0, 4.0])
+
+
+def test_group_advantages_use_unbiased_std_per_group():
+    returns = [1.0, 3.0, 10.0, 10.0, 10.0]
+    adv = group_advantages(returns, ["a", "a", "b", "b", "b"], scale_rewards=True)
+    std_a = math.sqrt(((1 - 2) ** 2 + (3 - 2) ** 2) / 1)  # unbiased
+    assert adv[:2] == pytest.approx([-1 / (std_a + STD_EPS), 1 / (std_a + STD_EPS)])
+    assert adv[2:] == [0.0, 0.0, 0.0]  # no spread, no signal
+
+
+def test_group_advantages_without_std_scaling_only_centre():
+    assert group_advantages([1.0, 3.0, 8.0], [0, 0, 0], scale_rewards=False) == pytest.approx([-3.0, -1.0, 4.0])
+
+
+def test_group_of_one_gets_zero_advantage():
+    assert group_advantages([5.0], ["only"], scale_rewards=True) == [0.0]
+
+
+def _turn(group: int, trajectory: int, turn: int, reward: float | None) -> Turn:
+    return Turn(
+        problem_id=f"p{group}",
+        group=group,
+        trajectory=trajectory,
+        turn=turn,
+        prompt_ids=[1],
+        completion_ids=[2],
+        suggestion="s",
+        finished=True,
+        reward=reward,
+    )
+
+
+def test_assign_group_and_per_turn_scopes():
+    # problem 0: two trajectories of two turns; trajectory 1's second turn was left out (upstream error)
+    turns = [_turn(0, 0, 0, 1.0), _turn(0, 0, 1, 2.0), _turn(0, 1, 0, -1.0), _turn(0, 1, 1, None)]
+    config = TrainConfig(gamma=0.5, num_trajectories=2, scale_rewards=False)
+    samples = assign_returns_and_advantages(turns, config)
+    assert [t.ret for t in turns] == pytest.approx([2.0, 2.0, -1.0, 0.0])
+    assert samples == turns[:3]  # the left-out turn is not a sample
+    mean = (2.0 + 2.0 - 1.0) / 3
+    assert [t.advantage for t in samples] == pytest.approx([2.0 - mean, 2.0 - mean, -1.0 - mean])
+    assert turns[3].advantage == 0.0
+
+    per_turn = TrainConfig(gamma=0.5, num_trajectories=2, scale_rewards=False, advantage_scope="group_per_turn")
+    samples = assign_returns_and_advantages(turns, per_turn)
+    assert [t.advantage for t in samples] == pytest.approx([1.5, 0.0, -1.5])  # turn 0: {2, -1}; turn 1: {2}
+
+
+def test_loss_by_hand_token_level_with_clipping_and_kl():
+    logps = torch.tensor([[math.log(0.5), math.log(0.9)], [math.log(0.2), 0.0]])
+    old = torch.tensor([[math.log(0.25), math.log(0.9)], [math.log(0.4), 0.0]])
+    ref = torch.tensor([[math.log(0.5), math.log(0.45)], [math.log(0.2), 0.0]])
+    adv = torch.tensor([1.0, -2.0])
+    mask = torch.tensor([[1, 1], [1, 0]])  # the second completion has one token, then padding
+    loss, stats = grpo_loss(logps, old, ref, adv, mask, 0.2, 0.2, 0.1, "token", normalizer=3.0)
+    # ratios: 2.0 (clipped to 1.2 for A>0), 1.0, 0.5 (A<0: max(-A*r, -A*clip) = max(1.0, 1.6) = 1.6)
+    pg = [-1.2, -1.0, 1.6]
+    k3 = [0.0, 0.5 - math.log(0.5) - 1, 0.0]  # exp(ref - logp) - (ref - logp) - 1 with ref/p = 0.5
+    expected = sum(p + 0.1 * k for p, k in zip(pg, k3, strict=True)) / 3.0
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    assert stats["clip_ratio"].item() == pytest.approx(2 / 3)
+    assert stats["kl"].item() == pytest.approx(sum(k3) / 3, rel=1e-5)
+
+
+def test_sequence_normalisation_is_mean_of_per_completion_means():
+    logps = torch.zeros(2, 3)
+    adv = torch.tensor([1.0, 2.0])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    token, _ = grpo_loss(logps, logps, None, adv, mask, 0.2, 0.2, 0.0, "token", normalizer=4.0)
+    sequence, _ = grpo_loss(logps, logps, None, adv, mask, 0.2, 0.2, 0.0, "sequence", normalizer=2.0)
+    assert token.item() == pytest.approx(-(1 + 1 + 1 + 2) / 4)
+    assert sequence.item() == pytest.approx(-(1 + 2) / 2)
+
+
+def test_padding_does_not_reach_the_loss_or_gradient():
+    logps = torch.tensor([[-1.0, -2.0, 123.0]], requires_grad=True)
+    old = torch.tensor([[-1.0, -2.0, -50.0]])
+    loss, _ = grpo_loss(logps, old, None, torch.tensor([1.0]), torch.tensor([[1, 1, 0]]), 0.2, 0.2, 0.0, "token", 2.0)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert logps.grad[0, 2].item() == 0.0
+
+
+def test_accumulated_mini_batches_equal_one_batch():
+    torch.manual_seed(0)
+    logps = torch.randn(4, 5) * 0.1 - 1
+    old = logps + torch.randn(4, 5) * 0.05
+    ref = logps + torch.randn(4, 5) * 0.05
+    adv = torch.randn(4)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
+    for norm, n in (("token", float(mask.sum())), ("sequence", 4.0)):
+        whole, _ = grpo_loss(logps, old, ref, adv, mask, 0.2, 0.28, 0.04, norm, n)
+        parts = sum(
+            grpo_loss(
+                logps[i : i + 2],
+                old[i : i + 2],
+                ref[i : i + 2],
+                adv[i : i + 2],
+                mask[i : i + 2],
+                0.2,
+                0.28,
+                0.04,
+                norm,
+                n,
+            )[0]
+            for i in (0, 2)
+        )
+        assert parts.item() == pytest.approx(whole.item(), rel=1e-6)
+
+
+def test_optimizer_steps_cover_every_sample_once():
+    config = TrainConfig(mini_batch_size=3, gradient_accumulation_steps=2)
+    steps = optimizer_steps(10, config, torch.Generator().manual_seed(0))
+    flat = [i for step in steps for mini in step for i in mini]
+    assert sorted(flat) == list(range(10))
+    assert [len(step) for step in steps] == [2, 2]
+    assert all(len(mini) <= 3 for step in steps for mini in step)
+
+
+def test_problem_selection_is_a_function_of_seed_and_update():
+    problems = list("abcde")
+    first = [select_problems(problems, u, 2, seed=1) for u in range(5)]
+    assert first == [select_problems(problems, u, 2, seed=1) for u in range(5)]
+    seen = [p for chosen in first[:2] for p in chosen] + [select_problems(problems, 2, 2, seed=1)[0]]
+    assert sorted(seen) == problems  # each epoch visits every problem once

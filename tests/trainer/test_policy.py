@@ -1,0 +1,74 @@
+"""Log-probs of exactly the sampled ids under exactly the generation prompt: our training forward on the rebuilt
+layout equals what `generate` sampled from, for left-padded prompts of different lengths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.trainer.config import TrainConfig
+from services.trainer.policy import Policy, left_pad, load_policy, make_batch, tiny_smollm2_config
+
+
+@pytest.fixture(scope="module")
+def policy():
+    torch.manual_seed(0)
+    config = TrainConfig(model="random:smollm2-tiny", max_new_tokens=8, max_prompt_tokens=512, top_p=1.0)
+    return load_policy(config, torch.device("cpu"))
+
+
+def test_logprobs_equal_the_sampling_distribution(policy):
+    from transformers import GenerationConfig
+
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14], [15, 16, 17, 18, 19]]  # unequal: left padding matters
+    ids, mask = left_pad(prompts, policy.tokenizer.pad_token_id)
+    config = GenerationConfig(
+        do_sample=True,
+        temperature=0.7,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=6,
+        pad_token_id=policy.tokenizer.pad_token_id,
+        eos_token_id=policy.eos_ids,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    with torch.no_grad():
+        out = policy.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    completions = out.sequences[:, ids.shape[1] :]
+    sampled = torch.log_softmax(torch.stack(out.logits, 1).float() / 0.7, -1).gather(-1, completions[..., None])[..., 0]
+    batch = make_batch(prompts, completions.tolist(), policy.tokenizer.pad_token_id, torch.device("cpu"))
+    with torch.no_grad():
+        ours, entropy = policy.logprobs(batch, with_entropy=True)
+    assert torch.allclose(ours, sampled, atol=1e-4)
+    assert entropy is not None and entropy.shape == ours.shape
+
+
+def test_generate_stops_at_eos_and_reference_equals_policy_at_start(policy):
+    results = policy.generate([[5, 6, 7], [8, 9]])
+    for ids, text, finished in results:
+        assert 1 <= len(ids) <= 8 and isinstance(text, str)
+        assert finished == (ids[-1] in policy.eos_ids)
+        assert all(token not in policy.eos_ids for token in ids[:-1])
+    batch = make_batch([[5, 6, 7], [8, 9]], [r[0] for r in results], policy.tokenizer.pad_token_id, torch.device("cpu"))
+    with torch.no_grad():
+        assert torch.equal(policy.logprobs(batch)[0], policy.reference_logprobs(batch))  # LoRA B starts at 0
+
+
+def test_full_fine_tune_keeps_a_frozen_reference(tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    config = TrainConfig(model="random:smollm2-tiny", use_lora=False, max_new_tokens=8, max_prompt_tokens=512)
+    model = AutoModelForCausalLM.from_config(tiny_smollm2_config(len(tokenizer), 1, 2))
+    reference = AutoModelForCausalLM.from_config(tiny_smollm2_config(len(tokenizer), 1, 2))
+    reference.load_state_dict(model.state_dict())
+    policy = Policy(config, torch.device("cpu"), model, tokenizer, reference.requires_grad_(False))
+    batch = make_batch([[5, 6, 7]], [[8, 9, 2]], tokenizer.pad_token_id, torch.device("cpu"))
+    with torch.no_grad():
+        next(model.parameters()).add_(0.5)  # the policy moves; the reference must not
+        assert not torch.equal(policy.logprobs(batch)[0], policy.reference_logprobs(batch))
+
+
+def test_a_stop_request_ends_generation_early(policy):
+    results = policy.generate([[5, 6, 7], [8, 9]], should_stop=lambda: True)
+    assert [len(ids) for ids, _, _ in results] == [1, 1]
