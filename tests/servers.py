@@ -54,7 +54,9 @@ def run_service(name: str, env: dict[str, str] | None = None, log_path: Path | N
                 timeout_s: float = 120.0) -> Iterator[str]:
     """Yield the base URL of `python -m services.<name>` serving on 127.0.0.1."""
     port = free_port()
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    # Keep an existing PYTHONPATH (e.g. carried wheels on a machine without pip) behind the repo.
+    python_path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    full_env = {**os.environ, "PYTHONPATH": python_path, **(env or {})}
     log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [sys.executable, "-m", f"services.{name}", "--host", "127.0.0.1", "--port", str(port)],
