@@ -50,8 +50,9 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def run_service(name: str, env: dict[str, str] | None = None, log_path: Path | None = None,
-                timeout_s: float = 120.0) -> Iterator[str]:
+def run_service(
+    name: str, env: dict[str, str] | None = None, log_path: Path | None = None, timeout_s: float = 120.0
+) -> Iterator[str]:
     """Yield the base URL of `python -m services.<name>` serving on 127.0.0.1."""
     port = free_port()
     # Keep an existing PYTHONPATH (e.g. carried wheels on a machine without pip) behind the repo.
@@ -60,7 +61,11 @@ def run_service(name: str, env: dict[str, str] | None = None, log_path: Path | N
     log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [sys.executable, "-m", f"services.{name}", "--host", "127.0.0.1", "--port", str(port)],
-        cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        cwd=REPO,
+        env=full_env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -16,7 +16,9 @@ class ImplementerClient(SyncServiceClient):
 
 class AsyncImplementerClient(AsyncServiceClient):
     async def implement(self, request: ImplementRequest) -> ImplementResponse:
-        return ImplementResponse.model_validate(await self.request("POST", "/implement", request.model_dump(mode="json")))
+        return ImplementResponse.model_validate(
+            await self.request("POST", "/implement", request.model_dump(mode="json"))
+        )
 
     async def health(self) -> HealthResponse:
         return HealthResponse.model_validate(await self.request("GET", "/health"))

@@ -13,10 +13,14 @@ class HealthResponse(BaseModel):
     status: Literal["ok", "degraded"] = "ok"
     service: str = Field(description="`evaluator`, `implementer` or `trainer`.")
     version: str
-    details: dict[str, Any] = Field(default_factory=dict, description="Service-specific facts (devices, backend, queue depth).")
+    details: dict[str, Any] = Field(
+        default_factory=dict, description="Service-specific facts (devices, backend, queue depth)."
+    )
 
 
 class ErrorResponse(BaseModel):
     """Body of every 4xx/5xx answer."""
 
-    detail: str | list[dict[str, Any]] = Field(description="Readable reason; validation errors list the offending fields.")
+    detail: str | list[dict[str, Any]] = Field(
+        description="Readable reason; validation errors list the offending fields."
+    )

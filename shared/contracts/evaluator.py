@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -15,7 +15,7 @@ MAX_BATCH_SIZE = 64
 Device = Literal["auto", "cpu", "cuda"]
 
 
-class EvaluationStatus(str, Enum):
+class EvaluationStatus(StrEnum):
     """Outcome of one evaluation.
 
     All but `evaluator_error` describe the candidate. `evaluator_error` means the evaluator itself failed
@@ -40,24 +40,36 @@ class EvaluateRequest(BaseModel):
 
     reference_source: str = Field(
         description="Python module defining `Model`, `get_inputs()` and `get_init_inputs()`.",
-        examples=["import torch\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
-                  "        return torch.relu(x)\n\ndef get_inputs():\n    return [torch.randn(1024)]\n\n"
-                  "def get_init_inputs():\n    return []\n"],
+        examples=[
+            "import torch\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
+            "        return torch.relu(x)\n\ndef get_inputs():\n    return [torch.randn(1024)]\n\n"
+            "def get_init_inputs():\n    return []\n"
+        ],
     )
     candidate_source: str = Field(
         description="Python module defining `ModelNew` with the same constructor arguments as `Model`.",
-        examples=["import torch\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n"
-                  "        return x.clamp_min(0)\n"],
+        examples=[
+            "import torch\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n"
+            "        return x.clamp_min(0)\n"
+        ],
     )
     device: Device = Field("auto", description="`auto` picks CUDA when the evaluator has a GPU, else CPU.")
     correctness_trials: int = Field(5, ge=1, le=100, description="Random input draws checked for correctness.")
     timing_trials: int = Field(100, ge=0, le=10_000, description="Timed calls of each model; 0 skips timing.")
     warmup_trials: int = Field(5, ge=0, le=1_000, description="Untimed calls before timing.")
-    atol: float | None = Field(None, gt=0, description="Absolute tolerance; default by dtype (fp32 1e-4, fp16/bf16 1e-2).")
-    rtol: float | None = Field(None, gt=0, description="Relative tolerance; default by dtype (fp32 1e-4, fp16/bf16 1e-2).")
-    timeout_s: float | None = Field(None, gt=0, le=3600, description="Wall-clock limit of the whole evaluation; server default when absent.")
+    atol: float | None = Field(
+        None, gt=0, description="Absolute tolerance; default by dtype (fp32 1e-4, fp16/bf16 1e-2)."
+    )
+    rtol: float | None = Field(
+        None, gt=0, description="Relative tolerance; default by dtype (fp32 1e-4, fp16/bf16 1e-2)."
+    )
+    timeout_s: float | None = Field(
+        None, gt=0, le=3600, description="Wall-clock limit of the whole evaluation; server default when absent."
+    )
     seed: int | None = Field(None, ge=0, lt=2**63, description="Seed of the random inputs; random when absent.")
-    require_custom_kernel: bool = Field(False, description="Reject candidates that launch no kernel of their own (load_inline or Triton).")
+    require_custom_kernel: bool = Field(
+        False, description="Reject candidates that launch no kernel of their own (load_inline or Triton)."
+    )
 
 
 class TimingStats(BaseModel):
@@ -77,7 +89,9 @@ class EvaluationResult(BaseModel):
     status: EvaluationStatus
     compiled: bool = Field(description="The candidate module imported and `ModelNew` was built.")
     correct: bool
-    speedup: float | None = Field(None, description="Reference median / candidate median; null unless correct and timed.")
+    speedup: float | None = Field(
+        None, description="Reference median / candidate median; null unless correct and timed."
+    )
     reference_ms: TimingStats | None = None
     candidate_ms: TimingStats | None = None
     max_abs_error: float | None = None

@@ -22,12 +22,25 @@ class ImplementRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     reference_source: str = Field(min_length=1, description="The problem: KernelBench reference module (`Model`).")
-    current_source: str = Field(min_length=1, description="Kernel B: the current candidate (`ModelNew`), or the reference itself at the first turn.")
-    suggestion: str = Field(min_length=1, max_length=MAX_SUGGESTION_CHARS, description="One optimization suggestion, in prose.",
-                            examples=["Fuse the element-wise chain into one generated kernel."])
-    target: Target = Field("cuda", description="What the new kernel may use: CUDA via load_inline, Triton, or PyTorch only.")
-    temperature: float | None = Field(None, ge=0, le=2, description="Sampling temperature; backend default when absent.")
-    max_tokens: int | None = Field(None, ge=1, le=32_768, description="Reply length limit; backend default when absent.")
+    current_source: str = Field(
+        min_length=1,
+        description="Kernel B: the current candidate (`ModelNew`), or the reference itself at the first turn.",
+    )
+    suggestion: str = Field(
+        min_length=1,
+        max_length=MAX_SUGGESTION_CHARS,
+        description="One optimization suggestion, in prose.",
+        examples=["Fuse the element-wise chain into one generated kernel."],
+    )
+    target: Target = Field(
+        "cuda", description="What the new kernel may use: CUDA via load_inline, Triton, or PyTorch only."
+    )
+    temperature: float | None = Field(
+        None, ge=0, le=2, description="Sampling temperature; backend default when absent."
+    )
+    max_tokens: int | None = Field(
+        None, ge=1, le=32_768, description="Reply length limit; backend default when absent."
+    )
     return_raw: bool = Field(False, description="Include the backend's raw reply text in the response.")
 
     @field_validator("suggestion")
@@ -52,7 +65,9 @@ class ImplementResponse(BaseModel):
     """
 
     status: ImplementStatus
-    source: str | None = Field(None, description="Full KernelBench module defining `ModelNew`; set when status is `ok`.")
+    source: str | None = Field(
+        None, description="Full KernelBench module defining `ModelNew`; set when status is `ok`."
+    )
     backend: str = Field(description="Backend that answered, e.g. `openai` or `builtin`.")
     model: str = Field("", description="Model name the backend used.")
     latency_ms: float = 0.0
