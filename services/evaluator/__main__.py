@@ -3,20 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import sys
 
 from services.evaluator.config import Settings
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+from shared.serving import is_loopback
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import secrets
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from services.evaluator.config import Settings
@@ -13,6 +12,7 @@ from services.evaluator.evaluation import Evaluator
 from services.evaluator.jobs import JobStore
 from services.evaluator.metrics import Metrics
 from services.evaluator.pool import WorkerPool
+from shared.serving import check_bearer
 
 
 def get_settings(request: Request) -> Settings:
@@ -48,10 +48,4 @@ def require_token(
     settings: SettingsDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> None:
     """Router-level check: with EVALUATOR_TOKEN set, every route but /health needs `Authorization: Bearer`."""
-    expected = settings.token_value
-    if expected is None:
-        return
-    if credentials is None or not secrets.compare_digest(credentials.credentials.encode(), expected.encode()):
-        raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
-        )
+    check_bearer(settings.token_value, credentials)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import sys
 
@@ -11,17 +10,9 @@ import uvicorn
 
 from services.implementer.app import create_app
 from services.implementer.config import Settings
+from shared.serving import is_loopback
 
 log = logging.getLogger("services.implementer")
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings()
-    if not _is_loopback(args.host) and not settings.token:
+    if not is_loopback(args.host) and not settings.token:
         log.error("refusing to bind %s without a bearer token: set IMPLEMENTER_TOKEN", args.host)
         return 2
     try:

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from services.implementer.backends import ImplementerBackend
 from services.implementer.config import Settings
 from services.implementer.metrics import ImplementerMetrics
+from shared.serving import check_bearer
 
 _bearer = HTTPBearer(auto_error=False)
 
@@ -36,10 +36,4 @@ def require_token(
     settings: SettingsDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> None:
     """Router-level check: when IMPLEMENTER_TOKEN is set, every protected route needs `Authorization: Bearer <token>`."""
-    if settings.token is None:
-        return
-    given = credentials.credentials if credentials else ""
-    if not hmac.compare_digest(given.encode(), settings.token.encode()):
-        raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
-        )
+    check_bearer(settings.token, credentials)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from services.evaluator.__main__ import is_loopback
 from services.evaluator.config import HACK_FLAGS, Settings
 from services.evaluator.sandbox import UidPool
+from shared.serving import is_loopback
 
 
 def test_reject_flags_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:

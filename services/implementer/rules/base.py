@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import ast
+import copy
 import re
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from services.implementer.rules.astutil import body_function, to_ssa
 from shared.contracts import Target
 
 
@@ -24,6 +26,21 @@ class Context:
         """Record why a rule does not apply; returns False so `applies` can `return ctx.skip(...)`."""
         self.reason = reason
         return False
+
+    def ssa_forward(self, action: str) -> ast.FunctionDef | None:
+        """A copy of the model's forward in SSA form for a rule to rewrite, or None with the reason recorded.
+
+        `action` completes "only straight-line forwards are ..." in that reason.
+        """
+        original = body_function(self.cls)
+        if original is None:
+            self.skip("the model has no forward")
+            return None
+        func = copy.deepcopy(original)
+        if not to_ssa(func):
+            self.skip(f"forward has control flow; only straight-line forwards are {action}")
+            return None
+        return func
 
 
 class Technique(Protocol):

@@ -20,7 +20,6 @@ from services.implementer.rules.astutil import (
     inline,
     method,
     parse_stmts,
-    to_ssa,
 )
 from services.implementer.rules.base import Context
 from services.implementer.rules.ewir import Node, Reader, depends_on_input, op_count, scalar_attributes
@@ -101,13 +100,8 @@ class FuseElementwise:
     )
 
     def _plan(self, ctx: Context) -> Plan | None:
-        original = body_function(ctx.cls)
-        if original is None:
-            ctx.skip("the model has no forward")
-            return None
-        func = copy.deepcopy(original)
-        if not to_ssa(func):
-            ctx.skip("forward has control flow; only straight-line forwards are fused")
+        func = ctx.ssa_forward("fused")
+        if func is None:
             return None
         scalar_attrs = scalar_attributes(method(ctx.cls, "__init__"))
         defs = definitions(func)

@@ -24,7 +24,6 @@ from services.implementer.rules.astutil import (
     method,
     param_names,
     parse_stmts,
-    to_ssa,
 )
 from services.implementer.rules.base import Context
 from services.implementer.rules.ewir import scalar_attributes
@@ -231,13 +230,8 @@ class HoistConstants:
     )
 
     def _plan(self, ctx: Context) -> tuple[ast.FunctionDef, list[Hoist]] | None:
-        original = body_function(ctx.cls)
-        if original is None:
-            ctx.skip("the model has no forward")
-            return None
-        func = copy.deepcopy(original)
-        if not to_ssa(func):
-            ctx.skip("forward has control flow; only straight-line forwards are analysed")
+        func = ctx.ssa_forward("analysed")
+        if func is None:
             return None
         analysis = _Analysis(ctx, func)
         taken = {n.attr for n in ast.walk(ctx.cls) if isinstance(n, ast.Attribute)} | {

@@ -7,7 +7,6 @@ those) are mutated; inputs, parameters and views of them never are (mutating an 
 from __future__ import annotations
 
 import ast
-import copy
 
 from services.implementer.rules.astutil import (
     body_function,
@@ -17,7 +16,6 @@ from services.implementer.rules.astutil import (
     from_ssa,
     loads,
     method,
-    to_ssa,
 )
 from services.implementer.rules.base import Context
 from services.implementer.rules.ewir import scalar_attributes
@@ -118,13 +116,8 @@ class InplaceOps:
     )
 
     def _rewrite(self, ctx: Context) -> ast.FunctionDef | None:
-        original = body_function(ctx.cls)
-        if original is None:
-            ctx.skip("the model has no forward")
-            return None
-        func = copy.deepcopy(original)
-        if not to_ssa(func):
-            ctx.skip("forward has control flow; only straight-line forwards are rewritten")
+        func = ctx.ssa_forward("rewritten")
+        if func is None:
             return None
         layers = _fresh_layers(method(ctx.cls, "__init__"))
         scalars = {f"self.{a}" for a in scalar_attributes(method(ctx.cls, "__init__"))}

@@ -16,7 +16,6 @@ from services.implementer.rules.astutil import (
     import_aliases,
     inline,
     method,
-    to_ssa,
 )
 from services.implementer.rules.base import Context
 from services.implementer.rules.patterns import PATTERNS, Matcher
@@ -95,13 +94,8 @@ class FusedLibraryCalls:
     )
 
     def _rewrite(self, tree: ast.Module, ctx: Context) -> tuple[ast.FunctionDef, list[str]] | None:
-        original = body_function(ctx.cls)
-        if original is None:
-            ctx.skip("the model has no forward")
-            return None
-        func = copy.deepcopy(original)
-        if not to_ssa(func):
-            ctx.skip("forward has control flow; only straight-line forwards are pattern-matched")
+        func = ctx.ssa_forward("pattern-matched")
+        if func is None:
             return None
         alias = functional_name(tree)
         matcher = Matcher(

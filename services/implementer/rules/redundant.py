@@ -6,7 +6,7 @@ import ast
 import copy
 from collections import Counter
 
-from services.implementer.rules.astutil import body_function, dotted, drop_dead, from_ssa, is_impure, to_ssa
+from services.implementer.rules.astutil import body_function, dotted, drop_dead, from_ssa, is_impure
 from services.implementer.rules.base import Context
 
 COMPUTATIONS = (ast.Call, ast.BinOp, ast.UnaryOp, ast.Compare, ast.Subscript)
@@ -71,13 +71,8 @@ class RemoveRedundant:
     )
 
     def _rewrite(self, ctx: Context) -> ast.FunctionDef | None:
-        original = body_function(ctx.cls)
-        if original is None:
-            ctx.skip("the model has no forward")
-            return None
-        func = copy.deepcopy(original)
-        if not to_ssa(func):
-            ctx.skip("forward has control flow; only straight-line forwards are analysed")
+        func = ctx.ssa_forward("analysed")
+        if func is None:
             return None
         changed = False
         taken = {n.id for n in ast.walk(func) if isinstance(n, ast.Name)}
