@@ -46,6 +46,7 @@ bench-gpu: install
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy shared services problems
 
 format: install
 	$(PY) -m ruff format .

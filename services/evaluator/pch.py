@@ -63,14 +63,15 @@ def _ninja_cflags(extra_cflags: Sequence[str], with_cuda: bool) -> list[str] | N
     }
     accepted = inspect.signature(writer).parameters
     with tempfile.TemporaryDirectory() as tmp:
-        args["path"] = os.path.join(tmp, "build.ninja")
+        ninja_file = os.path.join(tmp, "build.ninja")
+        args["path"] = ninja_file
         args["sources"] = [os.path.join(tmp, "main.cpp")]
         try:
             writer(**{k: v for k, v in args.items() if k in accepted})
         except Exception:  # private torch API: any change in it only disables the PCH
             log.warning("cannot read torch's build flags; building without a precompiled header", exc_info=True)
             return None
-        text = Path(args["path"]).read_text()
+        text = Path(ninja_file).read_text()
     for line in text.splitlines():
         if line.startswith("cflags = "):
             return [f for f in shlex.split(line[len("cflags = ") :]) if not f.startswith("-DTORCH_EXTENSION_NAME=")]

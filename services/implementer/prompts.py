@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from shared.contracts import Target
+
+if TYPE_CHECKING:  # the types only; the builtin backend runs without the openai SDK loaded
+    from openai.types.chat import ChatCompletionMessageParam
 
 SYSTEM_PROMPT = """You are an expert GPU kernel engineer. You rewrite PyTorch modules into faster ones.
 
@@ -43,7 +48,7 @@ Reply again with the complete module defining `class ModelNew`, in one ```python
 
 def build_messages(
     *, reference_source: str, current_source: str, suggestion: str, target: Target
-) -> list[dict[str, str]]:
+) -> list[ChatCompletionMessageParam]:
     """The chat messages of the first call."""
     user = USER_PROMPT.format(
         target=target,
@@ -55,7 +60,9 @@ def build_messages(
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
 
-def repair_messages(messages: list[dict[str, str]], reply: str, error: str) -> list[dict[str, str]]:
+def repair_messages(
+    messages: list[ChatCompletionMessageParam], reply: str, error: str
+) -> list[ChatCompletionMessageParam]:
     """The conversation plus the faulty reply and the reason it was refused."""
     return [
         *messages,

@@ -191,7 +191,7 @@ class TrainConfig:
             f"raise max_prompt_tokens to at least {self.max_new_tokens + 256}",
         )
         _check(
-            not self.use_lora or (self.lora_r >= 1 and self.lora_targets),
+            not self.use_lora or (self.lora_r >= 1 and len(self.lora_targets) > 0),
             "LoRA needs lora_r >= 1 and at least one target module",
             "set lora_r/lora_targets or use_lora false",
         )

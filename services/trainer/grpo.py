@@ -170,6 +170,7 @@ def optimise(
                 batch = make_batch([t.prompt_ids for t in chunk], [t.completion_ids for t in chunk], pad, device)
                 width = batch.completion_ids.shape[1]
                 logps, entropy = policy.logprobs(batch, with_entropy=True)
+                assert entropy is not None  # requested with with_entropy=True
                 loss, s = grpo_loss(
                     logps,
                     pad_rows([old_logps[i] for i in rows], width),
@@ -417,7 +418,7 @@ def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read 
                         "time/services_s": t_rollout - generation_s[0],
                         "time/optimisation_s": t_opt,
                         "time/update_s": time.perf_counter() - t_update,
-                        "lr": scheduler.get_last_lr()[0],
+                        "lr": float(scheduler.get_last_lr()[0]),  # the stub allows a Tensor lr; ours is a float
                         "samples": float(len(samples)),
                     }
                 )

@@ -47,9 +47,10 @@ def _convert_once(target: Path, with_model: bool) -> Path:
         if with_model:
             model = AutoModelForCausalLM.from_pretrained(source, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
             # The weights are de-quantized already; drop the GGUF quantizer so save_pretrained writes plain tensors.
-            model.hf_quantizer = None
+            # (nn.Module.__setattr__ is annotated for tensors and modules only; it stores any value at runtime.)
+            model.hf_quantizer = None  # type: ignore[assignment]
             del model.config.quantization_config
-            model.is_quantized = False
+            model.is_quantized = False  # type: ignore[assignment]
             model.save_pretrained(tmp)
         if target.exists():  # a tokenizer-only cache is replaced by the full one
             shutil.rmtree(target)
@@ -77,7 +78,7 @@ def tiny_smollm2_config(vocab_size: int, bos: int, eos: int) -> Any:
         num_key_value_heads=2,
         max_position_embeddings=8192,
         tie_word_embeddings=True,
-        rope_theta=100000.0,
+        rope_theta=100000.0,  # type: ignore[call-arg]  # accepted at runtime (moved into rope_parameters)
         bos_token_id=bos,
         eos_token_id=eos,
         pad_token_id=eos,

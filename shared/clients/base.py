@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
@@ -68,7 +68,7 @@ class SyncServiceClient:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> SyncServiceClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -104,7 +104,7 @@ class AsyncServiceClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def __aenter__(self) -> AsyncServiceClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

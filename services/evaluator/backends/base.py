@@ -17,6 +17,9 @@ class KernelBackend(Protocol):
     def available(self) -> bool:
         """The device exists on this machine."""
 
+    def activate(self) -> None:
+        """Make this device the worker's current one (candidate code may say `.cuda()` without an index)."""
+
     def device_string(self) -> str:
         """torch device to place models and inputs on, e.g. `cpu` or `cuda:0`."""
 

@@ -20,6 +20,9 @@ class CpuBackend:
     def available(self) -> bool:
         return True
 
+    def activate(self) -> None:
+        """There is one CPU device: nothing to select."""
+
     def device_string(self) -> str:
         return "cpu"
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 from services.implementer.config import Settings
 from services.implementer.extract import Extraction, extract
@@ -128,7 +129,7 @@ class OpenAICompatBackend:
         )
 
     async def _complete_and_extract(
-        self, messages: list[dict[str, str]], temperature: float, max_tokens: int, calls: CallLog
+        self, messages: list[ChatCompletionMessageParam], temperature: float, max_tokens: int, calls: CallLog
     ) -> Extraction:
         reply = await self._complete(messages, temperature, max_tokens, calls)
         first = extract(reply)
@@ -147,7 +148,7 @@ class OpenAICompatBackend:
         )
 
     async def _complete(
-        self, messages: list[dict[str, str]], temperature: float, max_tokens: int, calls: CallLog
+        self, messages: list[ChatCompletionMessageParam], temperature: float, max_tokens: int, calls: CallLog
     ) -> str:
         key = json.dumps([self.model, messages, temperature, max_tokens])
         if key in self._cache:
@@ -165,7 +166,7 @@ class OpenAICompatBackend:
         return text
 
     async def _call_with_retries(
-        self, messages: list[dict[str, str]], temperature: float, max_tokens: int, calls: CallLog
+        self, messages: list[ChatCompletionMessageParam], temperature: float, max_tokens: int, calls: CallLog
     ) -> tuple[str, TokenUsage]:
         for retry in range(self.settings.retries + 1):
             calls.calls += 1

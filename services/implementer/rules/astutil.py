@@ -19,6 +19,20 @@ def parse_stmts(text: str) -> list[ast.stmt]:
     return ast.parse(text).body
 
 
+def visit_expr(transformer: ast.NodeTransformer, node: ast.expr) -> ast.expr:
+    """`transformer.visit(node)` for a transformer that only ever replaces an expression with an expression."""
+    result = transformer.visit(node)
+    assert isinstance(result, ast.expr)
+    return result
+
+
+def parse_function(text: str) -> ast.FunctionDef:
+    """The function that `text` (one `def`) defines."""
+    func = ast.parse(text).body[0]
+    assert isinstance(func, ast.FunctionDef)
+    return func
+
+
 def dotted(node: ast.AST) -> str | None:
     """`torch.nn.functional.relu` for a Name/Attribute chain, else None."""
     parts: list[str] = []
@@ -165,9 +179,9 @@ def to_ssa(func: ast.FunctionDef) -> bool:
     mapping: dict[str, str] = {}
     bases: dict[str, str] = {}
     for stmt in func.body:
-        value = getattr(stmt, "value", None)
-        if value is not None:
-            stmt.value = _Renamer(mapping).visit(value)
+        # is_straight_line: every statement is an Assign, Expr or Return
+        if isinstance(stmt, ast.Assign | ast.Expr | ast.Return) and stmt.value is not None:
+            stmt.value = _Renamer(mapping).visit(stmt.value)
         for target in ast.walk(stmt) if isinstance(stmt, ast.Assign) else []:
             if isinstance(target, ast.Name) and isinstance(target.ctx, ast.Store):
                 new = target.id
@@ -301,8 +315,9 @@ def const_value(node: ast.AST, aliases: dict[str, str]) -> float | None:
     return None
 
 
-def _is_block_string(node: ast.stmt) -> bool:
-    return (
+def _block_string(node: ast.stmt) -> tuple[str, str] | None:
+    """(name, text) for `name = "<multi-line string>"` that can be written as a raw triple-quoted block, else None."""
+    if (
         isinstance(node, ast.Assign)
         and len(node.targets) == 1
         and isinstance(node.targets[0], ast.Name)
@@ -311,7 +326,9 @@ def _is_block_string(node: ast.stmt) -> bool:
         and "\n" in node.value.value
         and '"""' not in node.value.value
         and not node.value.value.endswith("\\")
-    )
+    ):
+        return node.targets[0].id, node.value.value
+    return None
 
 
 def render(tree: ast.Module, marker: str) -> str:
@@ -326,8 +343,8 @@ def render(tree: ast.Module, marker: str) -> str:
             and '"""' not in node.value.value
         ):
             text = f'"""{node.value.value}"""'
-        elif _is_block_string(node):
-            text = f'{node.targets[0].id} = r"""{node.value.value}"""'  # type: ignore[union-attr]
+        elif (block := _block_string(node)) is not None:
+            text = f'{block[0]} = r"""{block[1]}"""'
         else:
             text = ast.unparse(ast.fix_missing_locations(node))
         blank = "\n\n" if isinstance(node, ast.FunctionDef | ast.ClassDef | ast.If | ast.Try) else ""

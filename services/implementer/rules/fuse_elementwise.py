@@ -130,6 +130,7 @@ class FuseElementwise:
         plan = self._plan(ctx)
         assert plan is not None
         stmt = plan.func.body[plan.index]
+        assert isinstance(stmt, ast.Assign | ast.Return)  # _plan only picks statements with a value
         if ctx.target == "torch":
             stmt.value = plan.inlined
         else:

@@ -23,7 +23,9 @@ from services.implementer.rules.astutil import (
     loads,
     method,
     param_names,
+    parse_function,
     parse_stmts,
+    visit_expr,
 )
 from services.implementer.rules.base import Context
 from services.implementer.rules.ewir import scalar_attributes
@@ -265,7 +267,7 @@ class HoistConstants:
             if stmt in analysis.constant.values() or not isinstance(stmt, ast.Assign | ast.Return | ast.Expr):
                 continue
             if stmt.value is not None:
-                stmt.value = replacer.visit(stmt.value)
+                stmt.value = visit_expr(replacer, stmt.value)
         if not hoists:
             ctx.skip("forward has no input-independent tensor work to hoist")
             return None
@@ -281,22 +283,23 @@ class HoistConstants:
         func, hoists = plan
         init = method(ctx.cls, "__init__")
         if init is None:
-            init = parse_stmts("def __init__(self):\n    super().__init__()")[0]
+            init = parse_function("def __init__(self):\n    super().__init__()")
             ctx.cls.body.insert(0, init)
         target = body_function(ctx.cls)
+        assert target is not None  # _plan worked on it
         for hoist in hoists:
             expr = ast.unparse(hoist.expr)
             if not hoist.state:
                 init.body += [
                     *hoist.needs,
                     *parse_stmts(f"self.register_buffer({hoist.name!r}, {expr}, persistent=False)"),
-                ]  # type: ignore[union-attr]
+                ]
                 continue
             key = ", ".join(f"{s}._version, {s}.data_ptr()" for s in hoist.state)
             cached = parse_stmts(CACHED.format(name=hoist.name, key=key, what=expr[:80].replace('"', "'")))[0]
-            compute = parse_stmts(f"def {hoist.name}_compute(self):\n    return {expr}")[0]
-            compute.body[:0] = hoist.needs  # type: ignore[attr-defined]
+            compute = parse_function(f"def {hoist.name}_compute(self):\n    return {expr}")
+            compute.body[:0] = hoist.needs
             position = ctx.cls.body.index(target) + 1
             ctx.cls.body[position:position] = [cached, compute]
-        target.body = from_ssa(func).body  # type: ignore[union-attr]
+        target.body = from_ssa(func).body
         return tree

@@ -16,6 +16,7 @@ from services.implementer.rules.astutil import (
     import_aliases,
     inline,
     method,
+    visit_expr,
 )
 from services.implementer.rules.base import Context
 from services.implementer.rules.patterns import PATTERNS, Matcher
@@ -69,7 +70,7 @@ def _refold(expr: ast.expr, known: dict[str, str]) -> ast.expr:
                 return ast.Name(known[ast.dump(node)], ast.Load())
             return super().visit(node)
 
-    return Refold().visit(expr)
+    return visit_expr(Refold(), expr)
 
 
 class FusedLibraryCalls:

@@ -179,7 +179,9 @@ def variance(m: Matcher, node: ast.AST) -> ast.expr | None:
         return None
     centered = m.square(outer[0])
     pair = binop(centered, ast.Sub) if centered is not None else None
-    inner = m.mean(pair[1]) if pair else None
+    if pair is None:
+        return None
+    inner = m.mean(pair[1])
     if inner is None or not same(inner[0], pair[0]) or not same_dim(inner[1], outer[1]) or not inner[2]:
         return None
     keep = "True" if outer[2] else "False"
@@ -311,6 +313,9 @@ def mse(m: Matcher, node: ast.AST) -> ast.expr | None:
 
 def linear(m: Matcher, node: ast.AST) -> ast.expr | None:
     """matmul(x, W.t()) (+ b) with a 2-D parameter W -> F.linear(x, W, b)."""
+    # the second loop also tries `node` itself as the product, with no bias
+    product: ast.AST
+    bias: ast.expr | None
     for product, bias in commuted(node, ast.Add):
         done = m.op(product, "linear")
         if done and len(done.args) == 2 and not done.kwargs and _vector_param(m, bias):

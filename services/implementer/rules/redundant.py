@@ -6,7 +6,7 @@ import ast
 import copy
 from collections import Counter
 
-from services.implementer.rules.astutil import body_function, dotted, drop_dead, from_ssa, is_impure
+from services.implementer.rules.astutil import body_function, dotted, drop_dead, from_ssa, is_impure, visit_expr
 from services.implementer.rules.base import Context
 
 COMPUTATIONS = (ast.Call, ast.BinOp, ast.UnaryOp, ast.Compare, ast.Subscript)
@@ -93,8 +93,8 @@ class RemoveRedundant:
                 func.body.insert(first, ast.Assign([ast.Name(name, ast.Store())], copy.deepcopy(expr)))
                 start = first + 1
             for stmt in func.body[start:]:
-                if getattr(stmt, "value", None) is not None:
-                    stmt.value = _Replace(key, name).visit(stmt.value)
+                if isinstance(stmt, ast.Assign | ast.Return | ast.Expr) and stmt.value is not None:
+                    stmt.value = visit_expr(_Replace(key, name), stmt.value)
             changed = True
         if not changed:
             ctx.skip("no expression in forward is computed more than once")
