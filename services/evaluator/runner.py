@@ -144,13 +144,21 @@ def _build_candidate(context: WorkerContext, job: dict[str, Any], init_inputs: l
         return None
 
 
-def _write_outputs(context: WorkerContext, model: torch.nn.Module, inputs: list[list[Any]]) -> bool:
+def _load_inputs(path: Path) -> list[Any]:
+    """One trial's inputs, memory-mapped copy-on-write: pages are read as the device copy or the model touches them,
+    and a candidate writing into its inputs changes only this process's pages, never the file."""
+    return _load(path, weights_only=True, mmap=True)
+
+
+def _write_outputs(context: WorkerContext, model: torch.nn.Module, input_paths: list[Path]) -> bool:
+    """Run every correctness trial and save its outputs; one trial's inputs are in memory at a time, so GPU-sized
+    problems fit the worker's memory limit."""
     out_dir = context.home / "out"
     out_dir.mkdir()
     try:
         with torch.no_grad():
-            for trial, trial_inputs in enumerate(inputs):
-                args = context.backend.prepare_inputs(clone_inputs(trial_inputs))
+            for trial, path in enumerate(input_paths):
+                args = context.backend.prepare_inputs(_load_inputs(path))
                 outputs = model(*args)
                 context.backend.synchronize()
                 _save({"outputs": to_plain(outputs), "inputs_after": to_plain(args)}, out_dir / f"{trial}.pt")
@@ -166,13 +174,13 @@ def run_candidate(context: WorkerContext, job: dict[str, Any], control: IO[str])
     loader = build_cache.install(context.cache_dir, context.home / "build", context.backend.name, context.emit)
     inputs_dir = context.home / "inputs"
     init_inputs = _load(inputs_dir / "init.pt", weights_only=True)
-    inputs = [_load(inputs_dir / f"inputs_{t}.pt", weights_only=True) for t in range(job["trials"])]
+    input_paths = [inputs_dir / f"inputs_{t}.pt" for t in range(job["trials"])]
     model = _build_candidate(context, job, init_inputs)
     if model is None:
         return
     context.emit("compiled", cache_hit=loader.hits > 0 and loader.builds == 0)
     with context.exclusive_device():
-        if not _write_outputs(context, model, inputs):
+        if not _write_outputs(context, model, input_paths):
             return
     context.emit("outputs_written", replaced=guard.replaced())
     command = control.readline()
@@ -181,7 +189,7 @@ def run_candidate(context: WorkerContext, job: dict[str, Any], control: IO[str])
         return
     try:
         with context.exclusive_device():
-            timing = time_against_reference(context, job, model, init_inputs, inputs[0])
+            timing = time_against_reference(context, job, model, init_inputs, _load_inputs(input_paths[0]))
     except BaseException:
         context.emit("error", stage="timing", message=traceback.format_exc())
         return
