@@ -114,10 +114,66 @@ def nvcc_phases(build_dir: Path, out: Path) -> dict:
     }
 
 
+# The same kernel and wrapper behind lighter and lighter includes: how much of the .cu compile is torch's headers?
+HEADER_VARIANTS = {
+    "torch_extension": "#include <torch/extension.h>",
+    "torch_types": "#include <torch/types.h>",
+    "aten": "#include <ATen/ATen.h>",
+    "aten_core_tensor": "#include <ATen/core/Tensor.h>\n#include <ATen/ops/empty_like.h>",
+}
+HEADER_BODY = r"""
+__global__ void relu_kernel(const float* x, float* y, int64_t n) {
+    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] > 0.f ? x[i] : 0.f;
+}
+at::Tensor relu(const at::Tensor& x) {
+    auto y = at::empty_like(x);
+    int64_t n = x.numel();
+    relu_kernel<<<(n + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+    return y;
+}
+"""
+NO_TORCH = r"""
+#include <cstdint>
+__global__ void relu_kernel(const float* x, float* y, int64_t n) {
+    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] > 0.f ? x[i] : 0.f;
+}
+extern "C" void relu_launch(const float* x, float* y, int64_t n) { relu_kernel<<<(n + 255) / 256, 256>>>(x, y, n); }
+"""
+
+
+def header_variants(build_dir: Path, out: Path) -> list[dict]:
+    """Compile the .cu with torch's own nvcc flags from build.ninja, once per include set, all at once."""
+    ninja = (build_dir / "build.ninja").read_text()
+    flags = next(line.split("=", 1)[1] for line in ninja.splitlines() if line.startswith("cuda_cflags"))
+    post = next((line.split("=", 1)[1] for line in ninja.splitlines() if line.startswith("cuda_post_cflags")), "")
+    nvcc = next(line.split("=", 1)[1].strip() for line in ninja.splitlines() if line.startswith("nvcc"))
+    sources = {name: include + "\n" + HEADER_BODY for name, include in HEADER_VARIANTS.items()} | {"no_torch": NO_TORCH}
+    out.mkdir(parents=True, exist_ok=True)
+
+    def compile_one(name: str) -> dict:
+        src = out / f"hdr_{name}.cu"
+        src.write_text(sources[name])
+        cmd = [nvcc, *shlex.split(flags), *shlex.split(post), "-c", str(src), "-o", str(out / f"hdr_{name}.o")]
+        t0 = time.perf_counter()
+        run = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        return {
+            "variant": name,
+            "seconds": time.perf_counter() - t0,
+            "ok": run.returncode == 0,
+            "stderr": run.stderr[-1500:],
+        }
+
+    with ThreadPoolExecutor(len(sources)) as pool:
+        return list(pool.map(compile_one, sources))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp()))
     ap.add_argument("--parallel", type=int, default=8, help="distinct extensions built at once in the last step")
+    ap.add_argument("--headers-only", action="store_true", help="one build for the flags, then only the include sets")
     args = ap.parse_args()
     import torch
 
@@ -129,6 +185,15 @@ def main() -> None:
     ncpu = str(os.cpu_count())
     fast_env = {"TORCH_CUDA_ARCH_LIST": arch, "MAX_JOBS": ncpu}
     rows = []
+    if args.headers_only:
+        base = build_once("arch", root, fast_env, ["-O3"], ["-O3"], False, cache)
+        variants = header_variants(Path(base["build_dir"]), args.out) if "build_dir" in base else []
+        result = {"device": torch.cuda.get_device_name(0), "arch": arch, "base": base, "headers": variants}
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "compile_headers.json").write_text(json.dumps(result, indent=1))
+        for row in variants:
+            print(f"{row['variant']:>18}: {row['seconds']:6.1f} s ok={row['ok']}", flush=True)
+        return
     rows.append(build_once("default", root, {}, ["-O3"], ["-O3"], False, cache))
     rows.append(build_once("arch", root, fast_env, ["-O3"], ["-O3"], False, cache))
     rows.append(build_once("archpchcold", root, fast_env, ["-O3"], ["-O3"], True, cache))

@@ -149,11 +149,15 @@ def our_updates(args: argparse.Namespace, arch: dict[str, Any], data: dict[str, 
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    problems = load_problems("builtin:gpu" if device.type == "cuda" else "builtin:cpu")
+    problems = load_problems(args.problems or ("builtin:gpu" if device.type == "cuda" else "builtin:cpu"))
     data["updates"] = []
+    evaluator_env = dict(item.split("=", 1) for item in args.evaluator_env)
+    log_dir = args.out.parent
     with (
-        run_service("evaluator") as evaluator,
-        run_service("implementer", env={"IMPLEMENTER_BACKEND": "builtin"}) as implementer,
+        run_service("evaluator", env=evaluator_env, log_path=log_dir / "evaluator.log") as evaluator,
+        run_service(
+            "implementer", env={"IMPLEMENTER_BACKEND": "builtin"}, log_path=log_dir / "implementer.log"
+        ) as implementer,
     ):
         config.evaluator_urls, config.implementer_urls = [evaluator], [implementer]
         services = make_services(config)
@@ -168,6 +172,7 @@ def our_updates(args: argparse.Namespace, arch: dict[str, Any], data: dict[str, 
             generation["s"] += time.perf_counter() - start
             generation["tokens"] += sum(len(ids) for ids, _, _ in out)
             generation["calls"] += 1
+            print(f"generation call {generation['calls']}: {len(prompts)} prompts, {time.perf_counter() - start:.1f} s")
             # random weights write no usable text: send suggestions the builtin implementer acts on
             return [
                 (ids, SUGGESTIONS[(i + generation["calls"]) % len(SUGGESTIONS)], done)
@@ -301,6 +306,14 @@ def main() -> int:
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--target", default="cuda", choices=["cuda", "triton", "torch"])
+    parser.add_argument("--problems", help="problem set (default: builtin:gpu on CUDA, builtin:cpu otherwise)")
+    parser.add_argument(
+        "--evaluator-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="evaluator setting, e.g. EVALUATOR_WORKERS=8",
+    )
     args = parser.parse_args()
     arch = TINY if args.tiny else QWEN2_05B
     args.trajectories, args.turns = (4, 2) if args.tiny else (16, 4)
