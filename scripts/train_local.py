@@ -118,14 +118,18 @@ def descendants(pid: int) -> list[psutil.Process]:
     return []
 
 
-def stop_group(proc: subprocess.Popen[bytes], sig: int, grace_s: float) -> None:
-    """Send `sig` to the process group, wait `grace_s`, then SIGKILL the group and the stragglers outside it."""
-    stragglers = descendants(proc.pid)  # collected first: once the leader is gone they are reparented
-    if proc.poll() is None:
+def stop_groups(procs: list[subprocess.Popen[bytes]], sig: int, grace_s: float) -> None:
+    """Send `sig` to every process group at once, give them `grace_s` together, then SIGKILL the groups and the
+    stragglers outside them."""
+    stragglers = [child for proc in procs for child in descendants(proc.pid)]  # before leaders exit and reparent
+    running = [proc for proc in procs if proc.poll() is None]
+    for proc in running:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
+    deadline = time.monotonic() + grace_s
+    for proc in running:
         try:
-            proc.wait(timeout=grace_s)
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -198,7 +202,7 @@ def run_trainer(cmd: list[str], env: dict[str, str]) -> int:
         # Ignore further signals while cleaning up, so that cleanup itself cannot be interrupted half-way.
         for sig in previous:
             signal.signal(sig, signal.SIG_IGN)
-        stop_group(trainer, signal.SIGTERM, grace_s=10.0)
+        stop_groups([trainer], signal.SIGTERM, grace_s=10.0)
     return 130 if requests else trainer.returncode
 
 
@@ -250,8 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
-        for proc, _, _ in services.values():
-            stop_group(proc, signal.SIGTERM, SERVICE_GRACE_S)
+        stop_groups([proc for proc, _, _ in services.values()], signal.SIGTERM, SERVICE_GRACE_S)
     report(run_dir)
     if code != 0:
         print(f"\ntraining ended with exit code {code}; service logs are in {logs}", file=sys.stderr)

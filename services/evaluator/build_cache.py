@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from services.evaluator import pch
+from services.evaluator import cuda_headers, pch
 from services.evaluator.sandbox import read_regular_file
 
 # Arguments that only say where or how loudly to build; they do not change the binary.
@@ -98,6 +98,10 @@ def _load_library(path: Path, name: str, is_python_module: bool) -> Any:
     return module
 
 
+def _copy_lists(arguments: dict[str, Any]) -> dict[str, Any]:
+    return {name: list(value) if isinstance(value, list) else value for name, value in arguments.items()}
+
+
 def _file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -138,15 +142,38 @@ class CachingLoader:
             arguments.pop("source_contents", None)
             arguments.update(name=name, build_directory=str(build_dir))
             with build_slot(self.cache_dir / "locks"):
-                result = original(**arguments)
+                result, light = self._build(original, arguments, kind, build_dir)
             self.builds += 1
             files = {
                 p.name: _file_digest(p) for p in build_dir.iterdir() if p.is_file() and p.suffix in PUBLISHED_SUFFIXES
             }
-            self.emit("built", key=key, files=files)
+            self.emit("built", key=key, files=files, light_headers=light)
             return result
 
         return cached
+
+    def _build(
+        self, original: Callable[..., Any], arguments: dict[str, Any], kind: str, build_dir: Path
+    ) -> tuple[Any, bool]:
+        """Build with the lighter CUDA include first where it applies (cuda_headers.py); True if that was used."""
+        light = cuda_headers.lighten(arguments.get("cuda_sources")) if kind == "load_inline" else None
+        if light is None or self.device != "cuda":
+            return original(**arguments), False
+        try:
+            # load_inline appends its bindings to the cpp_sources list it is given: each attempt gets its own lists.
+            return original(**_copy_lists({**arguments, "cuda_sources": light})), True
+        except RuntimeError as error:
+            if not cuda_headers.may_need_full_header(str(error)):
+                raise
+        shutil.rmtree(build_dir)
+        build_dir.mkdir(parents=True)
+        # torch renames a second build of one name with other sources to name_v1; the cache looks for the name.
+        import torch.utils.cpp_extension as cpp_extension
+
+        entries = getattr(getattr(cpp_extension, "JIT_EXTENSION_VERSIONER", None), "entries", None)
+        if isinstance(entries, dict):
+            entries.pop(arguments["name"], None)
+        return original(**_copy_lists(arguments)), False
 
 
 def install(cache_dir: Path, build_root: Path, device: str, emit: Callable[..., None]) -> CachingLoader:

@@ -159,7 +159,8 @@ def test_ctrl_c_while_services_start_leaves_no_process(tmp_path: Path) -> None:
     while "services.implementer" not in watch.names() and time.monotonic() < deadline:
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=60) == 130
+    # The services get 15 s together to stop before they are killed; the rest is slack for a loaded CI machine.
+    assert proc.wait(timeout=120) == 130
     assert watch.survivors() == []
 
 
