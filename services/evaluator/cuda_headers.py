@@ -6,7 +6,8 @@ and 31 s with `torch/types.h` (BENCHMARKS.md). `torch/types.h` keeps what a kern
 the `torch::`/`at::` factory functions, `TORCH_CHECK`, the dispatch macros) and drops pybind11 and the autograd and
 nn front ends, which belong in `main.cpp` (load_inline writes the bindings there, still with the full header).
 The rewrite keeps line numbers, so compiler messages point at the candidate's own lines. A build that fails with a
-name-lookup error is retried with the candidate's source as written, so the verdict never depends on the rewrite.
+missing declaration is rebuilt from the candidate's source as written, and that build decides; any other build
+error would fail the same way with the full header, so it is reported from the first build.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ LIGHT_HEADER = "<torch/types.h>"
 # What nvcc and g++ print when a declaration is missing: errors the full header may fix. Any other build error
 # (syntax, types, ptxas, linking) would fail the same way with it, so it is reported without a second build.
 MISSING_DECLARATION = re.compile(
-    r"is undefined|has no member|not declared|was not declared|incomplete type|no instance of|"
+    r"is undefined|has no member|not declared|incomplete type|no instance of|"
     r"does not name a type|no matching function|not a member of|has not been declared|"
     r"must be a class or namespace name|is not a template"
 )
