@@ -20,9 +20,11 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import psutil
 
@@ -173,6 +175,15 @@ def trainer_command(args: argparse.Namespace, run_dir: Path, evaluator_url: str,
     return cmd
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def catch_stop_signals(handler: Callable[[int, FrameType | None], Any]) -> dict[int, Any]:
+    """Route the stop signals to `handler`, except those this process inherited as ignored (`nohup` ignores SIGHUP,
+    a shell's background job SIGINT): those stay ignored. Returns the handlers replaced."""
+    return {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN}
+
+
 def run_trainer(cmd: list[str], env: dict[str, str]) -> int:
     """Run the trainer to its end; the first Ctrl-C/SIGTERM asks it to stop, a second one kills it."""
     trainer = start(cmd, env, log_path=None)
@@ -186,7 +197,7 @@ def run_trainer(cmd: list[str], env: dict[str, str]) -> int:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(trainer.pid, signal.SIGINT)
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    previous = catch_stop_signals(on_signal)
     try:
         deadline = None
         while trainer.poll() is None:
@@ -235,8 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     services: dict[str, tuple[subprocess.Popen[bytes], str, Path]] = {}
     code = 1
     # Until the trainer runs, Ctrl-C / SIGTERM raise KeyboardInterrupt here, and the finally below stops the services.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    signal.signal(signal.SIGHUP, signal.default_int_handler)
+    catch_stop_signals(signal.default_int_handler)
     try:
         for name in ("evaluator", "implementer"):
             port = free_port()
@@ -252,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, TimeoutError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
         stop_groups([proc for proc, _, _ in services.values()], signal.SIGTERM, SERVICE_GRACE_S)
     report(run_dir)

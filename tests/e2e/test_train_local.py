@@ -83,7 +83,16 @@ def start_script(out_dir: Path, *extra: str) -> tuple[subprocess.Popen[str], Des
     for item in TINY:
         cmd += ["--set", item]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        # As from a terminal: a shell's background job (a CI runner's, say) inherits SIGINT ignored, and so would we.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     return proc, DescendantWatch(proc.pid)
 
 
@@ -172,3 +181,23 @@ def test_trainer_failure_stops_services(tmp_path: Path) -> None:
     assert "gamma" in output
     assert "service logs are in" in output
     assert watch.survivors() == []
+
+
+def test_signals_ignored_on_purpose_stay_ignored() -> None:
+    """`nohup make train &` must survive the hang-up: an inherited SIG_IGN is kept, the other stop signals caught."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import train_local
+
+    saved = {sig: signal.getsignal(sig) for sig in train_local.STOP_SIGNALS}
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        replaced = train_local.catch_stop_signals(signal.default_int_handler)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is signal.default_int_handler
+        assert set(replaced) == {signal.SIGINT, signal.SIGTERM}
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        sys.path.remove(str(SCRIPT.parent))
