@@ -27,12 +27,14 @@ class Case:
     technique: str
     problem: str
     target: Target = "cuda"
-    min_speedup: float | None = None  # asserted only for large, robust gains
+    # Asserted only for large gains (above 1.5 in every quiet CI run), with a bound a loaded machine still clears:
+    # hoist_constants measured 1.46 while another trainer shared the two cores; a rewrite that does nothing is ~1.0.
+    min_speedup: float | None = None
 
 
 CASES = [
-    Case("fused_library_calls", "layernorm_manual", min_speedup=1.5),
-    Case("hoist_constants", "redundant_transpose", min_speedup=1.5),
+    Case("fused_library_calls", "layernorm_manual", min_speedup=1.25),
+    Case("hoist_constants", "redundant_transpose", min_speedup=1.25),
     Case("remove_redundant", "redundant_duplicate"),
     Case("inplace_ops", "elementwise_chain"),
     Case("fuse_elementwise", "scale_shift_clamp"),
