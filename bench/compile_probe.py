@@ -87,12 +87,18 @@ def build_once(
     return {"tag": tag, "wall_s": wall, **result, "build_dir": str(build)}
 
 
-def nvcc_phases(build_dir: Path, out: Path) -> dict:
-    """Re-run the .cu compile from build.ninja with `nvcc --time` for a per-phase breakdown."""
+def ninja_nvcc(build_dir: Path) -> tuple[str, str, str]:
+    """nvcc and the flags torch wrote into build.ninja for the .cu compile."""
     ninja = (build_dir / "build.ninja").read_text()
     flags = next(line.split("=", 1)[1] for line in ninja.splitlines() if line.startswith("cuda_cflags"))
     post = next((line.split("=", 1)[1] for line in ninja.splitlines() if line.startswith("cuda_post_cflags")), "")
     nvcc = next(line.split("=", 1)[1].strip() for line in ninja.splitlines() if line.startswith("nvcc"))
+    return nvcc, flags, post
+
+
+def nvcc_phases(build_dir: Path, out: Path) -> dict:
+    """Re-run the .cu compile from build.ninja with `nvcc --time` for a per-phase breakdown."""
+    nvcc, flags, post = ninja_nvcc(build_dir)
     csv = out / "nvcc_time.csv"
     cmd = [
         nvcc,
@@ -145,10 +151,7 @@ extern "C" void relu_launch(const float* x, float* y, int64_t n) { relu_kernel<<
 
 def header_variants(build_dir: Path, out: Path) -> list[dict]:
     """Compile the .cu with torch's own nvcc flags from build.ninja, once per include set, all at once."""
-    ninja = (build_dir / "build.ninja").read_text()
-    flags = next(line.split("=", 1)[1] for line in ninja.splitlines() if line.startswith("cuda_cflags"))
-    post = next((line.split("=", 1)[1] for line in ninja.splitlines() if line.startswith("cuda_post_cflags")), "")
-    nvcc = next(line.split("=", 1)[1].strip() for line in ninja.splitlines() if line.startswith("nvcc"))
+    nvcc, flags, post = ninja_nvcc(build_dir)
     sources = {name: include + "\n" + HEADER_BODY for name, include in HEADER_VARIANTS.items()} | {"no_torch": NO_TORCH}
     out.mkdir(parents=True, exist_ok=True)
 

@@ -156,8 +156,12 @@ class CachingLoader:
         self, original: Callable[..., Any], arguments: dict[str, Any], kind: str, build_dir: Path
     ) -> tuple[Any, bool]:
         """Build with the lighter CUDA include first where it applies (cuda_headers.py); True if that was used."""
-        light = cuda_headers.lighten(arguments.get("cuda_sources")) if kind == "load_inline" else None
-        if light is None or self.device != "cuda":
+        light = (
+            cuda_headers.lighten(arguments.get("cuda_sources"))
+            if kind == "load_inline" and self.device == "cuda"
+            else None
+        )
+        if light is None:
             return original(**arguments), False
         try:
             # load_inline appends its bindings to the cpp_sources list it is given: each attempt gets its own lists.
