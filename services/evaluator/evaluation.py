@@ -121,15 +121,22 @@ class Evaluator:
                 f"rejected before running for {', '.join(rejecting)}",
                 flags=sorted(check.flags),
             )
+        queued_at = time.monotonic()
         async with self.pool.slot():
             if on_start is not None:
                 on_start()
-            deadline = time.monotonic() + (request.timeout_s or self.settings.default_timeout_s)
+            started = time.monotonic()
+            deadline = started + (request.timeout_s or self.settings.default_timeout_s)
             reference = await self._reference(request, device, seed, deadline)
+            phases = {"queued": started - queued_at, "reference": time.monotonic() - started}
             run = await self._run_candidate(request, device, seed, deadline, reference, check.flags)
         result = candidate_result(run, self.settings.reject_flags, self.settings.message_chars)
         return result.model_copy(
-            update={"device": result.device or reference.device, "torch_version": reference.torch_version}
+            update={
+                "device": result.device or reference.device,
+                "torch_version": reference.torch_version,
+                "phases_s": {name: round(seconds, 4) for name, seconds in {**phases, **run.phases()}.items()},
+            }
         )
 
     async def _reference(self, request: EvaluateRequest, device: str, seed: int, deadline: float) -> ReferenceData:
@@ -201,12 +208,15 @@ class Evaluator:
             "min_sample_ms": self.settings.min_sample_ms,
             "require_custom_kernel": request.require_custom_kernel,
         }
+        asked_at = time.monotonic()
         async with self.pool.worker(device) as worker:
             await asyncio.to_thread(_hand_over_inputs, worker, reference)
+            job_sent_at = time.monotonic()  # before the send: the worker may answer before send() returns
             await worker.send(job)
             written = await worker.wait_for({"outputs_written"}, deadline)
-            comparison, go_sent_at, timed = None, None, False
+            comparison, go_sent_at, timed, compare_s = None, None, False, None
             if written is not None:
+                compare_started = time.monotonic()
                 comparison = await asyncio.to_thread(
                     compare_outputs,
                     worker.home / "out",
@@ -216,12 +226,23 @@ class Evaluator:
                     request.rtol,
                     MAX_DATA_BYTES,
                 )
+                compare_s = time.monotonic() - compare_started
                 hacked = bool(written.get("replaced")) or comparison.input_mutation
                 timed = comparison.correct and request.timing_trials > 0 and not hacked
                 go_sent_at = time.monotonic()
                 await worker.send({"time": timed})
             outcome = await worker.finish(deadline)
-            run = CandidateRun(list(worker.events), outcome, comparison, timed, go_sent_at, list(static_flags))
+            run = CandidateRun(
+                list(worker.events),
+                outcome,
+                comparison,
+                timed,
+                go_sent_at,
+                list(static_flags),
+                startup_s=job_sent_at - asked_at,
+                job_sent_at=job_sent_at,
+                compare_s=compare_s,
+            )
             if comparison is not None and comparison.correct and not HACK_FLAGS & set(run.flags()[0]):
                 await asyncio.to_thread(self._publish_builds, worker)
         return run

@@ -13,8 +13,9 @@ import os
 import random
 import statistics
 import sys
+import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -59,10 +60,17 @@ class WorkerContext:
             importlib.import_module("triton.language")
         return cls(backend, Path.cwd(), Path(cache_dir), threads, emit)
 
-    def exclusive_device(self) -> contextlib.AbstractContextManager[None]:
-        """Hold the GPU alone while running models (builds of other workers go on meanwhile)."""
+    @contextlib.contextmanager
+    def exclusive_device(self) -> Iterator[None]:
+        """Hold the GPU alone while running models (builds of other workers go on meanwhile); reports the wait."""
         exclusive = getattr(self.backend, "exclusive", None)
-        return exclusive(self.cache_dir / "locks") if exclusive else contextlib.nullcontext()
+        if exclusive is None:
+            yield
+            return
+        asked = time.monotonic()
+        with exclusive(self.cache_dir / "locks"):
+            self.emit("device_acquired", wait_s=time.monotonic() - asked)
+            yield
 
 
 def run_job(context: WorkerContext, job: dict[str, Any], control: IO[str]) -> None:

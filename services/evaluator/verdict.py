@@ -32,6 +32,10 @@ def with_compiler_errors_first(message: str, most: int = 20) -> str:
     return "compiler errors:\n" + "\n".join(errors[:most]) + "\n\nfull output:\n" + message
 
 
+def _arrival(event: dict[str, Any] | None) -> float | None:
+    return float(event["received_at"]) if event and isinstance(event.get("received_at"), int | float) else None
+
+
 def timing_stats(samples: list[float]) -> TimingStats | None:
     if not samples:
         return None
@@ -55,9 +59,35 @@ class CandidateRun:
     timed: bool = False
     go_sent_at: float | None = None
     static_flags: list[str] = field(default_factory=list)
+    startup_s: float | None = None  # a ready worker taken and the inputs handed over
+    job_sent_at: float | None = None
+    compare_s: float | None = None
 
     def first(self, name: str) -> dict[str, Any] | None:
         return next((event for event in self.events if event.get("event") == name), None)
+
+    def phases(self) -> dict[str, float]:
+        """Seconds spent per phase, on the service's clock (events carry the time they arrived): where a slow
+        evaluation spent its time. `device_wait` is the part of correctness and timing spent waiting for the GPU."""
+        phases: dict[str, float] = {}
+        if self.startup_s is not None:
+            phases["startup"] = self.startup_s
+        error = self.first("error")
+        built_at = _arrival(self.first("compiled") or error)
+        if self.job_sent_at is not None and built_at is not None:
+            phases["build"] = built_at - self.job_sent_at
+        written_at = _arrival(self.first("outputs_written") or error)
+        if self.first("compiled") and written_at is not None and built_at is not None:
+            phases["correctness"] = written_at - built_at
+        if self.compare_s is not None:
+            phases["compare"] = self.compare_s
+        timed_at = _arrival(self.first("result") or error)
+        if self.timed and self.go_sent_at is not None and timed_at is not None:
+            phases["timing"] = timed_at - self.go_sent_at
+        waits = [e.get("wait_s") for e in self.events if e.get("event") == "device_acquired"]
+        if waits:
+            phases["device_wait"] = sum(w for w in waits if isinstance(w, int | float))
+        return phases
 
     def flags(self) -> tuple[list[str], str]:
         """Hack flags the run raised, and a note explaining the dynamic ones."""

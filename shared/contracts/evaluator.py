@@ -103,6 +103,15 @@ class EvaluationResult(BaseModel):
     cache_hit: bool = Field(False, description="A compiled extension was reused from the build cache.")
     duration_s: float = Field(0.0, description="Wall-clock time of the whole evaluation.")
     seed: int | None = Field(None, description="Seed the inputs were drawn with.")
+    phases_s: dict[str, float] = Field(
+        default_factory=dict,
+        description=(
+            "Where the time went, in seconds: `queued` (waiting for a worker slot), `reference` (0 when cached), "
+            "`startup` (taking a ready worker, handing over inputs), `build` (importing the candidate, compiling "
+            "included), `correctness`, `compare`, `timing`, and `device_wait` (part of the last ones spent waiting "
+            "for the GPU). Phases a run did not reach are absent."
+        ),
+    )
 
 
 class EvaluateBatchRequest(BaseModel):

@@ -49,6 +49,16 @@ def test_fifty_concurrent_requests_all_answered(evaluator_url: str) -> None:
     statuses = [r.json()["status"] for r in responses]
     assert statuses == ["correct" if i % 2 == 0 else "incorrect" for i in range(REQUESTS)]
     assert max(queue_seen) > 0, "requests beyond the worker count should have queued"
+    # Each answer says where its time went, and the phases fit in its duration.
+    results = [r.json() for r in responses]
+    for result in results:
+        phases = result["phases_s"]
+        expected = {"queued", "reference", "startup", "build", "correctness", "compare"}
+        # device_wait only where the evaluator has a GPU (device "auto" picks it)
+        assert expected | ({"timing"} if result["status"] == "correct" else set()) == set(phases) - {"device_wait"}
+        assert min(phases.values()) >= 0
+        assert sum(v for k, v in phases.items() if k != "device_wait") <= result["duration_s"] + 0.01, result
+    assert max(r["phases_s"]["queued"] for r in results) > 1.0, "50 requests on 2 workers should wait for a slot"
 
 
 def test_batch_and_queued_jobs(client: httpx.Client) -> None:
