@@ -4,10 +4,12 @@ Measures, for the service (real `python -m services.evaluator` on 127.0.0.1, fre
 - throughput: all candidates submitted at once, candidates per hour from the wall time of the whole batch;
 - cold compile per CUDA candidate: its cold evaluation minus the same evaluation again with the cache warm;
 - cache-hit latency: the time `load_inline` takes on a hit, with the worker's caching loader, in a fresh process;
-- speedup CV: one candidate evaluated 10 times in a row, coefficient of variation of its speedup.
+- speedup CV: one candidate evaluated 10 times in a row, coefficient of variation of its speedup;
+- where a cold batch's time goes: each evaluation's `phases_s` (median per candidate kind) and how busy the CPU
+  cores were during the batch (`/proc/stat`, once a second).
 The baseline (bench/baseline_harness.py) runs in the same invocation unless `--baseline FILE` reuses its output.
 
-usage: python bench/evaluator_gpu.py --out DIR [--workers 8] [--profile cpu] [--baseline-budget-s S]
+usage: python bench/evaluator_gpu.py --out DIR [--workers 8] [--profile cpu] [--baseline-budget-s S] [--batch-only]
 BENCHMARKS.md ("Evaluator on the GPU") has the numbers and the exact command.
 """
 
@@ -21,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -95,7 +98,49 @@ def cache_hit_seconds(cache: Path, entry: dict) -> float:
         return json.loads(run.stdout.strip().splitlines()[-1])["import_s"]
 
 
-def run_ours(manifest: list[dict], workers: int, profile: str, out: Path) -> dict:
+class CpuSampler:
+    """Share of all cores busy, once a second, from /proc/stat (Linux), while the `with` block runs."""
+
+    def __init__(self) -> None:
+        self.busy: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _read() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        return sum(fields) - idle, sum(fields)
+
+    def _run(self) -> None:
+        busy, total = self._read()
+        while not self._stop.wait(1.0):
+            busy2, total2 = self._read()
+            self.busy.append((busy2 - busy) / max(1, total2 - total))
+            busy, total = busy2, total2
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def phase_medians(manifest: list[dict], results: list[dict]) -> dict[str, dict[str, float]]:
+    """Median seconds per phase (the service's `phases_s`) for each candidate kind."""
+    by_kind: dict[str, dict[str, list[float]]] = {}
+    for entry, result in zip(manifest, results, strict=True):
+        for phase, seconds in (result.get("phases_s") or {}).items():
+            by_kind.setdefault(entry["kind"], {}).setdefault(phase, []).append(seconds)
+    return {
+        kind: {phase: round(statistics.median(values), 2) for phase, values in phases.items()}
+        for kind, phases in by_kind.items()
+    }
+
+
+def run_ours(manifest: list[dict], workers: int, profile: str, out: Path, batch_only: bool = False) -> dict:
     cache = Path(tempfile.mkdtemp(prefix="evaluator_cache_"))
     cpus = os.cpu_count() or 1
     env = {
@@ -111,11 +156,32 @@ def run_ours(manifest: list[dict], workers: int, profile: str, out: Path) -> dic
     with run_service("evaluator", env=env, log_path=out / "service.log", timeout_s=300) as url:
         report["pch_ready_s"] = wait_for_pch(cache)
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(len(manifest)) as pool:
+        with CpuSampler() as cpu, ThreadPoolExecutor(len(manifest)) as pool:
             cold = list(pool.map(lambda e: post(url, request(e, profile)), manifest))
         report["cold_batch_s"] = time.perf_counter() - t0
+        report["cpu_busy_during_batch"] = {
+            "mean": statistics.fmean(cpu.busy) if cpu.busy else None,
+            "per_second": [round(b, 3) for b in cpu.busy],
+        }
+        report["phases_median_s"] = phase_medians(manifest, cold)
+        report["results"] = [
+            {
+                "file": e["file"],
+                "expect": e["expect"],
+                **{k: r.get(k) for k in ("status", "speedup", "flags", "duration_s", "client_s", "cache_hit")},
+                "phases_s": r.get("phases_s"),
+                "message": (r.get("message") or "")[-300:],
+            }
+            for e, r in zip(manifest, cold, strict=True)
+        ]
         (out / "cold_results.json").write_text(json.dumps({"report": report, "cold": cold}, indent=1))
-        print(f"cold batch of {len(manifest)}: {report['cold_batch_s']:.1f} s", flush=True)
+        print(
+            f"cold batch of {len(manifest)}: {report['cold_batch_s']:.1f} s, "
+            f"CPU busy {report['cpu_busy_during_batch']['mean']}, phases {report['phases_median_s']}",
+            flush=True,
+        )
+        if batch_only:
+            return report
         cuda_ok = [
             (e, r) for e, r in zip(manifest, cold, strict=True) if e["kind"] == "cuda" and r["status"] == "correct"
         ]
@@ -137,15 +203,6 @@ def run_ours(manifest: list[dict], workers: int, profile: str, out: Path) -> dic
         "cv": statistics.pstdev(speedups) / statistics.fmean(speedups) if len(speedups) > 1 else None,
     }
     report["cache_hit_import_s"] = {e["file"]: cache_hit_seconds(cache, e) for e, _ in cuda_ok[:5]}
-    report["results"] = [
-        {
-            "file": e["file"],
-            "expect": e["expect"],
-            **{k: r.get(k) for k in ("status", "speedup", "flags", "duration_s", "client_s", "cache_hit")},
-            "message": (r.get("message") or "")[-300:],
-        }
-        for e, r in zip(manifest, cold, strict=True)
-    ]
     return report
 
 
@@ -185,17 +242,20 @@ def run_baseline(out: Path, profile: str, budget_s: float | None) -> tuple[list[
 
 
 def summarize(ours: dict, baseline: list[dict] | None, baseline_s: float | None, n: int) -> dict:
-    compile_s = list(ours["cold_compile_s"].values())
-    hits = list(ours["cache_hit_import_s"].values())
+    compile_s = list(ours.get("cold_compile_s", {}).values())
+    hits = list(ours.get("cache_hit_import_s", {}).values())
+    warm = list(ours.get("warm_eval_s", {}).values())
     summary = {
         "candidates": n,
         "ours_cold_batch_s": ours["cold_batch_s"],
         "ours_candidates_per_hour": n / ours["cold_batch_s"] * 3600,
         "ours_cold_compile_median_s": statistics.median(compile_s) if compile_s else None,
         "ours_cache_hit_median_s": statistics.median(hits) if hits else None,
-        "ours_warm_eval_median_s": statistics.median(ours["warm_eval_s"].values()) if ours["warm_eval_s"] else None,
-        "speedup_cv": ours["cv"]["cv"],
+        "ours_warm_eval_median_s": statistics.median(warm) if warm else None,
+        "speedup_cv": ours.get("cv", {}).get("cv"),
         "ours_verdicts_match_expectation": sum(r["status"] == r["expect"] for r in ours["results"]),
+        "cpu_busy_during_batch": ours["cpu_busy_during_batch"]["mean"],
+        "phases_median_s": ours["phases_median_s"],
     }
     if baseline is not None and baseline_s:
         base_compile = [r["compile_s"] for r in baseline if r.get("compile_s") and r["file"].startswith("cuda_")]
@@ -215,6 +275,7 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path, help="reuse baseline_harness.py output (JSON lines) instead of running it")
     ap.add_argument("--baseline-seconds", type=float, help="wall time of that baseline run")
     ap.add_argument("--skip-baseline", action="store_true")
+    ap.add_argument("--batch-only", action="store_true", help="only the cold batch (no warm repeats, CV, cache probe)")
     ap.add_argument(
         "--profile",
         choices=("cpu", "gpu"),
@@ -231,7 +292,7 @@ def main() -> None:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((CANDIDATES / "manifest.json").read_text())
-    ours = run_ours(manifest, args.workers, args.profile, args.out)
+    ours = run_ours(manifest, args.workers, args.profile, args.out, args.batch_only)
     (args.out / "evaluator_gpu.json").write_text(json.dumps(ours, indent=1))
     baseline, baseline_s = None, None
     if args.baseline:
