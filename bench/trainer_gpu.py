@@ -119,7 +119,7 @@ def our_updates(args: argparse.Namespace, arch: dict[str, Any], data: dict[str, 
     from problems import load_problems
     from services.trainer.config import TrainConfig
     from services.trainer.episodes import run_episodes
-    from services.trainer.grpo import assign_returns_and_advantages, make_services, optimise
+    from services.trainer.grpo import assign_returns_and_advantages, evaluation_seed, make_services, optimise
     from services.trainer.policy import Policy, resolve_dtype
     from tests.servers import run_service
 
@@ -195,6 +195,7 @@ def our_updates(args: argparse.Namespace, arch: dict[str, Any], data: dict[str, 
                     generate,
                     services,
                     config.max_prompt_tokens,
+                    input_seed=evaluation_seed(config.seed, update + 1),
                 )
             )
             rollout_s = time.perf_counter() - start

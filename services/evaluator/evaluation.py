@@ -66,6 +66,9 @@ class Evaluator:
         self.pool = pool
         self.metrics = metrics
         self._references: OrderedDict[str, ReferenceData] = OrderedDict()
+        # References being computed: requests for the same (reference, seed) wait for one run instead of each
+        # starting a worker (a trainer sends a whole GRPO group with one seed at once).
+        self._computing: dict[str, asyncio.Future[ReferenceData]] = {}
 
     def validate(self, request: EvaluateRequest) -> str:
         """Raise InvalidRequestError for a request that cannot be evaluated; return the backend name to use."""
@@ -143,9 +146,43 @@ class Evaluator:
         key = hashlib.sha256(
             f"{device}\0{seed}\0{request.correctness_trials}\0{request.reference_source}".encode()
         ).hexdigest()
-        if key in self._references:
-            self._references.move_to_end(key)
-            return self._references[key]
+        while True:
+            if key in self._references:
+                self._references.move_to_end(key)
+                return self._references[key]
+            pending = self._computing.get(key)
+            if pending is None:
+                break
+            try:
+                return await asyncio.shield(pending)
+            except asyncio.CancelledError:
+                if not pending.cancelled():
+                    raise  # this request was cancelled, not the one computing
+                # the request computing it went away: look again, compute it here if nobody else does
+        computing: asyncio.Future[ReferenceData] = asyncio.get_running_loop().create_future()
+        self._computing[key] = computing
+        try:
+            reference = await self._run_reference(request, device, seed, deadline)
+        except asyncio.CancelledError:
+            computing.cancel()
+            raise
+        except BaseException as exc:
+            computing.set_exception(exc)
+            computing.exception()  # retrieved: nobody may be waiting
+            raise
+        else:
+            computing.set_result(reference)
+        finally:
+            del self._computing[key]
+        if 0 < reference.size <= MAX_CACHED_REFERENCE_BYTES and self.settings.reference_cache_size > 0:
+            self._references[key] = reference
+            while len(self._references) > self.settings.reference_cache_size:
+                self._references.popitem(last=False)
+        return reference
+
+    async def _run_reference(self, request: EvaluateRequest, device: str, seed: int, deadline: float) -> ReferenceData:
+        if self.metrics is not None:
+            self.metrics.reference_runs.inc()
         job = {
             "role": "reference",
             "reference_source": request.reference_source,
@@ -161,12 +198,7 @@ class Evaluator:
             if error is not None or worker.find("result") is None:
                 detail = error.get("message", "") if error else f"{outcome.describe_exit()}\n{outcome.stdio_tail}"
                 raise EvaluatorFailure(f"the reference failed: {detail}")
-            reference = await asyncio.to_thread(self._read_reference, worker, request.correctness_trials)
-        if 0 < reference.size <= MAX_CACHED_REFERENCE_BYTES and self.settings.reference_cache_size > 0:
-            self._references[key] = reference
-            while len(self._references) > self.settings.reference_cache_size:
-                self._references.popitem(last=False)
-        return reference
+            return await asyncio.to_thread(self._read_reference, worker, request.correctness_trials)
 
     def _read_reference(self, worker: Worker, trials: int) -> ReferenceData:
         result = worker.find("result") or {}

@@ -33,9 +33,22 @@ class Metrics:
             "evaluator_queue_depth", "Evaluations waiting for a worker slot", registry=self.registry
         )
         self.running = Gauge("evaluator_running", "Evaluations running now", registry=self.registry)
+        self.reference_runs = Counter(
+            "evaluator_reference_runs",
+            "Reference workers run (the reference's outputs for that seed neither cached nor being computed)",
+            registry=self.registry,
+        )
+        self.phase_seconds = Counter(
+            "evaluator_phase_seconds",
+            "Seconds spent per evaluation phase (see phases_s)",
+            ["phase"],
+            registry=self.registry,
+        )
 
     def record(self, result: EvaluationResult) -> None:
         self.verdicts.labels(status=result.status.value).inc()
         self.latency.observe(result.duration_s)
         if result.cache_hit:
             self.cache_hits.inc()
+        for phase, seconds in result.phases_s.items():
+            self.phase_seconds.labels(phase=phase).inc(seconds)

@@ -124,12 +124,15 @@ class Services:
             return ("upstream_error" if busy else "refused"), None, str(exc)[:500]
         return response.status, response.source, response.message
 
-    async def evaluate(self, reference: str, candidate: str) -> tuple[EvaluationResult | None, float, str]:
-        """(result or None when the evaluator failed, latency in s, error message)."""
+    async def evaluate(
+        self, reference: str, candidate: str, seed: int | None = None
+    ) -> tuple[EvaluationResult | None, float, str]:
+        """(result or None when the evaluator failed, latency in s, error message); `seed` draws the inputs."""
         s = self.settings
         request = EvaluateRequest(
             reference_source=reference,
             candidate_source=candidate,
+            seed=seed,
             device=s.device,  # type: ignore[arg-type]
             correctness_trials=s.correctness_trials,
             timing_trials=s.timing_trials,
@@ -145,12 +148,12 @@ class Services:
             return None, time.perf_counter() - start, str(exc)[:500]
         return result, time.perf_counter() - start, result.message[:500]
 
-    async def ensure_baseline(self, problem_hash: str, reference: str) -> None:
+    async def ensure_baseline(self, problem_hash: str, reference: str, seed: int | None = None) -> None:
         """Time the reference once per problem (renamed ModelNew); its reference_ms becomes the baseline."""
         if problem_hash in self._baselined:
             return
         self._baselined.add(problem_hash)
-        result, _, message = await self.evaluate(reference, reference_as_candidate(reference))
+        result, _, message = await self.evaluate(reference, reference_as_candidate(reference), seed)
         if result is None or result.reference_ms is None:
             self._baselined.discard(problem_hash)  # try again next time the problem comes up
             log.warning(
@@ -202,13 +205,14 @@ async def _evaluate_turns(
     states: list[EpisodeState],
     turns: list[Turn],
     candidates: list[str | None],
+    input_seed: int | None,
 ) -> None:
     """Score every new kernel at once, set rewards, and advance the states that got a verdict."""
 
     async def one(turn: Turn, state: EpisodeState, candidate: str) -> None:
         problem = problems[turn.group]
         turn.kernel_hash = kernel_hash(candidate)
-        result, turn.eval_latency_s, turn.message = await services.evaluate(problem.source, candidate)
+        result, turn.eval_latency_s, turn.message = await services.evaluate(problem.source, candidate, input_seed)
         if result is None:
             turn.verdict = "evaluator_error"
             return
@@ -233,11 +237,16 @@ async def run_episodes(
     services: Services,
     max_prompt_tokens: int,
     should_stop: Callable[[], bool] = lambda: False,
+    input_seed: int | None = None,
 ) -> list[Turn]:
-    """All G trajectories of every problem, turn by turn; returns every turn (rewards set, returns not yet)."""
+    """All G trajectories of every problem, turn by turn; returns every turn (rewards set, returns not yet).
+
+    Every evaluation draws its inputs with `input_seed` (random per request when None): the samples of a GRPO
+    group are then judged on the same inputs, and the evaluator runs each problem's reference once, not once
+    per sample."""
     states = [EpisodeState(kernel_a=p.source, kernel_b=p.source) for p in problems for _ in range(num_trajectories)]
     index = [(g, j) for g in range(len(problems)) for j in range(num_trajectories)]
-    await asyncio.gather(*(services.ensure_baseline(p.hash, p.source) for p in problems))
+    await asyncio.gather(*(services.ensure_baseline(p.hash, p.source, input_seed) for p in problems))
     all_turns: list[Turn] = []
     for t in range(max_turns):
         if should_stop():
@@ -263,6 +272,6 @@ async def run_episodes(
         if should_stop():
             raise Interrupted
         candidates = await _implement_turns(services, problems, states, turns)
-        await _evaluate_turns(services, problems, states, turns, candidates)
+        await _evaluate_turns(services, problems, states, turns, candidates, input_seed)
         all_turns.extend(turns)
     return all_turns

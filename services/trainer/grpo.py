@@ -213,6 +213,12 @@ def select_problems(problems: Sequence[Any], update: int, count: int, seed: int)
     return chosen
 
 
+def evaluation_seed(seed: int, update: int) -> int:
+    """Seed of the evaluator's inputs in one update: new inputs every update, one set for all samples of a group
+    (so advantages compare kernels, not input draws); a function of (seed, update) only, as select_problems."""
+    return random.Random(f"inputs-{seed}-{update}").randrange(2**31)
+
+
 def rollout_metrics(turns: list[Turn], samples: list[Turn], num_trajectories: int) -> dict[str, float]:
     rewards = [t.reward for t in samples if t.reward is not None]
     scored = [t for t in turns if t.verdict not in (None, "evaluator_error")]
@@ -386,6 +392,7 @@ def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read 
                             services,
                             config.max_prompt_tokens,
                             stop,
+                            input_seed=evaluation_seed(config.seed, update),
                         )
                     )
                 except Interrupted:

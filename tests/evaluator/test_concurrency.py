@@ -85,3 +85,21 @@ def test_batch_and_queued_jobs(client: httpx.Client) -> None:
         time.sleep(0.2)
     assert state["state"] == "done" and state["result"]["status"] == "correct"
     assert client.get("/evaluations/no-such-job").status_code == 404
+
+
+def _reference_runs(client: httpx.Client) -> float:
+    line = next(x for x in client.get("/metrics").text.splitlines() if x.startswith("evaluator_reference_runs_total"))
+    return float(line.split()[-1])
+
+
+def test_requests_with_one_seed_share_one_reference_run(client: httpx.Client, evaluator_url: str) -> None:
+    # A reference no other test sends, so nothing is cached yet; as many requests as slots arrive together.
+    reference = sources.REFERENCE + f"\n# {time.time_ns()}\n"
+    body = {"reference_source": reference, "candidate_source": sources.CORRECT, "timing_trials": 2, "seed": 7}
+    before = _reference_runs(client)
+    responses = asyncio.run(_post_all(evaluator_url, [body] * (WORKERS + 1)))
+    assert [r.json()["status"] for r in responses] == ["correct"] * (WORKERS + 1)
+    assert _reference_runs(client) - before == 1
+    # A new seed is a new reference run.
+    assert client.post("/evaluate", json={**body, "seed": 8}).json()["status"] == "correct"
+    assert _reference_runs(client) - before == 2

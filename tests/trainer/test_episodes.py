@@ -8,6 +8,7 @@ import asyncio
 from dataclasses import dataclass
 
 from services.trainer.episodes import Services, ServiceSettings, reference_as_candidate, run_episodes
+from services.trainer.grpo import evaluation_seed
 from services.trainer.replicas import ReplicaPool
 from services.trainer.reward import RewardValues
 from shared.clients import ServiceError
@@ -49,7 +50,11 @@ class ScriptedImplementer:
 
 
 class ScriptedEvaluator:
+    def __init__(self) -> None:
+        self.seeds: list[int | None] = []
+
     async def evaluate(self, request):
+        self.seeds.append(request.seed)
         if request.candidate_source.startswith("# from evalfail"):
             return EvaluationResult(
                 status=EvaluationStatus.evaluator_error, compiled=False, correct=False, device="cpu"
@@ -108,3 +113,24 @@ def test_reference_renamed_for_the_baseline():
     renamed = reference_as_candidate(REFERENCE)
     assert "class ModelNew(torch.nn.Module)" in renamed and "super(ModelNew, self)" in renamed
     assert "Model(" not in renamed.replace("ModelNew(", "")
+
+
+def test_one_input_seed_per_update(tokenizer):
+    evaluator = ScriptedEvaluator()
+    settings = ServiceSettings("cuda", "auto", 5, 1, 1, False, None, True, RewardValues())
+    services = Services(
+        ReplicaPool(["i"], lambda _: ScriptedImplementer()), ReplicaPool(["e"], lambda _: evaluator), settings
+    )
+
+    def generate(prompts):
+        return [([7, 2], "fast", True) for _ in prompts]
+
+    asyncio.run(run_episodes([FakeProblem()], 3, 2, tokenizer, generate, services, 1024, input_seed=1234))
+    assert evaluator.seeds == [1234] * (1 + 3 * 2)  # the baseline, then 3 trajectories x 2 turns
+
+
+def test_evaluation_seed_is_new_each_update_and_reproducible():
+    seeds = [evaluation_seed(0, update) for update in range(1, 51)]
+    assert len(set(seeds)) == 50 and all(0 <= s < 2**31 for s in seeds)
+    assert seeds == [evaluation_seed(0, update) for update in range(1, 51)]  # a resumed run draws the same
+    assert evaluation_seed(1, 1) != evaluation_seed(0, 1)
