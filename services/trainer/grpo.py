@@ -13,6 +13,7 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +166,11 @@ def optimise(
             per_sample = (lambda t: len(t.completion_ids)) if config.loss_normalization == "token" else (lambda t: 1)
             normalizer = float(sum(per_sample(samples[i]) for mini in step for i in mini)) or 1.0
             for mini in step:
-                rows = mini or [0]  # an empty mini-batch only keeps processes in lockstep: zero weight
+                if not mini:  # padding (_equalise_steps): DDP all-reduces in every backward, so every process runs one
+                    filler = make_batch([[pad]], [[pad]], pad, device)
+                    accelerator.backward(policy.logprobs(filler)[0].sum() * 0.0)
+                    continue
+                rows = mini
                 chunk = [samples[i] for i in rows]
                 batch = make_batch([t.prompt_ids for t in chunk], [t.completion_ids for t in chunk], pad, device)
                 width = batch.completion_ids.shape[1]
@@ -183,11 +188,10 @@ def optimise(
                     config.loss_normalization,
                     normalizer,
                 )
-                weighted = loss * (1.0 if mini else 0.0)
                 if accelerator is not None:
-                    accelerator.backward(weighted)
+                    accelerator.backward(loss)
                 else:
-                    weighted.backward()
+                    loss.backward()
                 mask = batch.completion_mask.float()
                 stats["losses/loss"].append(loss.item())
                 stats["losses/entropy"].append(((entropy * mask).sum() / mask.sum().clamp(min=1)).item())
@@ -301,14 +305,16 @@ def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read 
 
     run_dir = Path(config.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    log.info("config:\n%s", "\n".join(f"  {k}: {v}" for k, v in config.to_dict().items()))
 
     # 1. seed everything, then build the policy, optimizer and scheduler
     random.seed(config.seed)
     np.random.seed(config.seed)
     torch.manual_seed(config.seed)
-    accelerator = Accelerator()
+    # without a GPU, processes started by torchrun / accelerate launch train together over gloo
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
     main_process = accelerator.is_main_process
+    if main_process:
+        log.info("config:\n%s", "\n".join(f"  {k}: {v}" for k, v in config.to_dict().items()))
     checkpoint = latest_checkpoint(run_dir) if resume else None
     if resume and checkpoint is None:
         log.warning("--resume: no checkpoint in %s; starting at update 0", run_dir)
@@ -369,8 +375,8 @@ def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read 
     bar = progress.add_task("updates", total=config.updates, completed=start, info="")
     episodes_bar = progress.add_task(
         "episodes",
-        total=config.updates * per_process * config.num_trajectories,
-        completed=start * per_process * config.num_trajectories,
+        total=config.updates * config.batch_trajectories,
+        completed=start * config.batch_trajectories,
         info="",
     )
     try:
@@ -402,9 +408,10 @@ def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read 
 
                 # 4. returns R_t = r_t + gamma R_{t+1}, then advantages normalised within each problem's group
                 samples = assign_returns_and_advantages(turns, config)
-                metrics = rollout_metrics(turns, samples, config.num_trajectories)
-                n_tokens = sum(len(t.completion_ids) for t in turns)
-                empty_updates = 0 if samples else empty_updates + 1
+                all_turns, all_samples = gather_turns(turns, accelerator, per_process)
+                metrics = rollout_metrics(all_turns, all_samples, config.num_trajectories)
+                n_tokens = sum(len(t.completion_ids) for t in all_turns)
+                empty_updates = 0 if all_samples else empty_updates + 1
                 if empty_updates >= config.max_empty_updates:
                     raise RuntimeError(
                         f"{empty_updates} updates in a row without a usable sample: the services "
@@ -426,13 +433,13 @@ def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read 
                         "time/optimisation_s": t_opt,
                         "time/update_s": time.perf_counter() - t_update,
                         "lr": float(scheduler.get_last_lr()[0]),  # the stub allows a Tensor lr; ours is a float
-                        "samples": float(len(samples)),
+                        "samples": float(len(all_samples)),
                     }
                 )
-                logger.log_update(update, metrics, turns)
+                logger.log_update(update, metrics, all_turns)
                 state.update(update=update, metrics={"update": update, **metrics})
                 progress.update(bar, advance=1, info=f"reward {metrics['reward/mean']:+.3f}")
-                progress.update(episodes_bar, advance=len(mine) * config.num_trajectories, info="")
+                progress.update(episodes_bar, advance=config.batch_trajectories, info="")
 
                 # 8. checkpoint every save_every updates (and when asked to stop)
                 if main_process and (update % config.save_every == 0 or stop()):
@@ -468,6 +475,8 @@ def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read 
         if main_process and logger.metrics_path.exists():
             plot_reward_curve(logger.metrics_path, run_dir / "reward_curve.png")
         state["state"] = "finished" if finished else "training"
+        accelerator.wait_for_everyone()  # the main process may still be writing final/
+        accelerator.end_training()  # leaves the process group (several processes) before exiting
     except BaseException:
         state["state"] = "failed"
         raise
@@ -481,9 +490,23 @@ def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read 
 
 
 def _equalise_steps(steps: list[list[list[int]]], accelerator: Any) -> list[list[list[int]]]:
-    """Under several processes every one must run as many backward passes (DDP all-reduces in each): pad with empty
-    mini-batches, which run with zero weight."""
+    """Under several processes every one must run as many optimizer steps and as many backward passes in each step
+    (DDP all-reduces in every backward): pad every step to the most mini-batches any process has in a step, and the
+    steps to the most steps, with empty mini-batches, which run with zero weight."""
     if accelerator is None or accelerator.num_processes == 1:
         return steps
-    counts = accelerator.gather(torch.tensor([len(steps)], device=accelerator.device))
-    return steps + [[[]] for _ in range(int(counts.max()) - len(steps))]
+    mine = torch.tensor([len(steps), max((len(step) for step in steps), default=0)], device=accelerator.device)
+    most_steps, most_minis = (int(v) for v in accelerator.gather(mine.unsqueeze(0)).max(dim=0).values)
+    padded = [step + [[] for _ in range(most_minis - len(step))] for step in steps]
+    return padded + [[[] for _ in range(most_minis)] for _ in range(most_steps - len(steps))]
+
+
+def gather_turns(turns: list[Turn], accelerator: Any, groups_per_process: int) -> tuple[list[Turn], list[Turn]]:
+    """Every process's turns and the samples among them (for metrics and episodes.jsonl), with group numbers made
+    unique across processes; the optimisation keeps using this process's own samples."""
+    if accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        offset = accelerator.process_index * groups_per_process
+        turns = gather_object([replace(t, group=t.group + offset) for t in turns])
+    return turns, [t for t in turns if t.reward is not None]  # as assign_returns_and_advantages

@@ -11,6 +11,7 @@ from services.trainer.config import TrainConfig
 from services.trainer.episodes import Turn
 from services.trainer.grpo import (
     STD_EPS,
+    _equalise_steps,
     assign_returns_and_advantages,
     discounted_returns,
     group_advantages,
@@ -145,6 +146,29 @@ def test_optimizer_steps_cover_every_sample_once():
     assert sorted(flat) == list(range(10))
     assert [len(step) for step in steps] == [2, 2]
     assert all(len(mini) <= 3 for step in steps for mini in step)
+
+
+class TwoProcesses:
+    """accelerate's gather, as seen from one of two processes whose partner reports `other`."""
+
+    num_processes, device = 2, "cpu"
+
+    def __init__(self, other: list[int]) -> None:
+        self.other = other
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return torch.cat([tensor, torch.tensor([self.other])])
+
+
+def test_processes_run_the_same_number_of_backward_passes_per_step():
+    config = TrainConfig(mini_batch_size=2, gradient_accumulation_steps=4)
+    mine = optimizer_steps(14, config, torch.Generator().manual_seed(0))  # 7 mini-batches: steps of 4 and 3
+    assert [len(step) for step in mine] == [4, 3]
+    padded = _equalise_steps(mine, TwoProcesses(other=[3, 4]))  # the partner: 3 steps of up to 4 mini-batches
+    assert [len(step) for step in padded] == [4, 4, 4]
+    assert sorted(i for step in padded for mini in step for i in mini) == list(range(14))  # nothing lost or added
+    assert sum(not mini for step in padded for mini in step) == 12 - 7
+    assert _equalise_steps(mine, None) == mine
 
 
 def test_problem_selection_is_a_function_of_seed_and_update():

@@ -152,3 +152,27 @@ def test_bad_config_exits_2_with_the_fix(tmp_path):
         timeout=120,
     )
     assert out.returncode == 2 and "gamma" in out.stderr and "fix" in out.stderr
+
+
+def test_two_processes_train_one_update_together(services, tmp_path):
+    """Data-parallel as on several GPUs (`torchrun`/`accelerate launch`), here with two CPU processes and gloo: each
+    process takes one of the update's two problems, both step in lockstep, the main process logs both groups."""
+    run_dir, log = tmp_path / "run", tmp_path / "trainer.log"
+    args = [*TINY_RUN, "--problems", "builtin", "--problems-per-step", "2", "--updates", "1"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    with log.open("ab") as out:
+        done = subprocess.run(
+            [*torchrun, "-m", "services.trainer", *args, *services, "--output-dir", str(run_dir)],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=900,
+        )
+    assert done.returncode == 0, log.read_text()[-4000:]
+    (metrics,) = _lines(run_dir / "metrics.jsonl")
+    assert metrics["samples"] + metrics["rate/left_out"] * 8 == pytest.approx(8)  # 2 problems x 2 x 2 turns
+    episodes = _lines(run_dir / "episodes.jsonl")
+    assert len(episodes) == 8 and len({e["problem_id"] for e in episodes}) == 2
+    assert (run_dir / "final" / "adapter_config.json").exists()
