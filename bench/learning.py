@@ -20,14 +20,61 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from services.implementer.rules import recognise  # noqa: E402
 from services.trainer.logging_utils import plot_reward_curve  # noqa: E402
 from tests.servers import run_service  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def suggestion_stats(turns: list[dict]) -> dict[int, dict[str, float]]:
+    """Per update, what the policy wrote: the share of suggestions naming a technique the builtin implementer knows,
+    and the most named technique's share. Unlike the mean reward, this does not depend on which problems came up."""
+    by_update: dict[int, list[dict]] = {}
+    for turn in turns:
+        by_update.setdefault(turn["update"], []).append(turn)
+    stats = {}
+    for update, rows in sorted(by_update.items()):
+        named = [[t.name for t in recognise(row["suggestion"] or "")] for row in rows]
+        counts: dict[str, int] = {}
+        for names in named:
+            for name in names:
+                counts[name] = counts.get(name, 0) + 1
+        stats[update] = {
+            "named_technique_rate": sum(bool(n) for n in named) / len(rows),
+            "top_technique_rate": max(counts.values(), default=0) / len(rows),
+        }
+    return stats
+
+
+def per_problem_first_last(turns: list[dict]) -> dict[str, dict[str, float]]:
+    """Mean reward of each problem at the first and the last update it came up in (problems seen at least twice):
+    the same problem early and late, so the comparison is not a comparison of problem difficulty."""
+    rewards: dict[str, dict[int, list[float]]] = {}
+    for turn in turns:
+        if turn.get("reward") is not None:
+            rewards.setdefault(turn["problem_id"], {}).setdefault(turn["update"], []).append(turn["reward"])
+    return {
+        problem: {
+            "first_update": min(by_update),
+            "last_update": max(by_update),
+            "first": statistics.fmean(by_update[min(by_update)]),
+            "last": statistics.fmean(by_update[max(by_update)]),
+        }
+        for problem, by_update in sorted(rewards.items())
+        if len(by_update) >= 2
+    }
+
+
 def summarize(run_dir: Path, config: str, wall_s: float | None) -> dict[str, object]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    turns = read_jsonl(run_dir / "episodes.jsonl")
+    suggestions = suggestion_stats(turns)
+    problems = per_problem_first_last(turns)
     rewards = [r["reward/mean"] for r in rows]
     window = min(5, len(rewards) // 2) or 1
     summary: dict[str, object] = {
@@ -52,15 +99,22 @@ def summarize(run_dir: Path, config: str, wall_s: float | None) -> dict[str, obj
                     "time/update_s",
                 )
             }
+            | suggestions.get(r["update"], {})
             for r in rows
         ],
+        "per_problem": problems,
+        "per_problem_first_mean": statistics.fmean(p["first"] for p in problems.values()) if problems else None,
+        "per_problem_last_mean": statistics.fmean(p["last"] for p in problems.values()) if problems else None,
+        "per_problem_improved": sum(p["last"] > p["first"] for p in problems.values()),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "learning.json").write_text(json.dumps(summary, indent=2))
     plot_reward_curve(run_dir / "metrics.jsonl", RESULTS / "learning.png")
     print(
         f"updates {len(rows)}: mean reward of the first {window} = {summary['first_mean_reward']}, "
-        f"last {window} = {summary['last_mean_reward']}"
+        f"last {window} = {summary['last_mean_reward']}; {len(problems)} problems seen twice or more: "
+        f"first visit {summary['per_problem_first_mean']}, last visit {summary['per_problem_last_mean']}, "
+        f"{summary['per_problem_improved']} improved"
     )
     return summary
 
