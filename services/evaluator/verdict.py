@@ -32,10 +32,6 @@ def with_compiler_errors_first(message: str, most: int = 20) -> str:
     return "compiler errors:\n" + "\n".join(errors[:most]) + "\n\nfull output:\n" + message
 
 
-def _arrival(event: dict[str, Any] | None) -> float | None:
-    return float(event["received_at"]) if event and isinstance(event.get("received_at"), int | float) else None
-
-
 def timing_stats(samples: list[float]) -> TimingStats | None:
     if not samples:
         return None
@@ -68,26 +64,32 @@ class CandidateRun:
 
     def phases(self) -> dict[str, float]:
         """Seconds spent per phase, on the service's clock (events carry the time they arrived): where a slow
-        evaluation spent its time. `device_wait` is the part of correctness and timing spent waiting for the GPU."""
+        evaluation spent its time. `device_wait` is the part of correctness and timing spent waiting for the GPU.
+        Each phase ends at the first matching event after it began: candidate code can print forged events early."""
         phases: dict[str, float] = {}
         if self.startup_s is not None:
             phases["startup"] = self.startup_s
-        error = self.first("error")
-        built_at = _arrival(self.first("compiled") or error)
+        built_at = self._first_after({"compiled", "error"}, self.job_sent_at)
         if self.job_sent_at is not None and built_at is not None:
             phases["build"] = built_at - self.job_sent_at
-        written_at = _arrival(self.first("outputs_written") or error)
-        if self.first("compiled") and written_at is not None and built_at is not None:
+        written_at = self._first_after({"outputs_written", "error"}, built_at)
+        if self.first("compiled") and built_at is not None and written_at is not None:
             phases["correctness"] = written_at - built_at
         if self.compare_s is not None:
             phases["compare"] = self.compare_s
-        timed_at = _arrival(self.first("result") or error)
+        timed_at = self._first_after({"result", "error"}, self.go_sent_at)
         if self.timed and self.go_sent_at is not None and timed_at is not None:
             phases["timing"] = timed_at - self.go_sent_at
         waits = [e.get("wait_s") for e in self.events if e.get("event") == "device_acquired"]
         if waits:
-            phases["device_wait"] = sum(w for w in waits if isinstance(w, int | float))
+            phases["device_wait"] = sum(max(0.0, w) for w in waits if isinstance(w, int | float))
         return phases
+
+    def _first_after(self, names: set[str], start: float | None) -> float | None:
+        if start is None:
+            return None
+        arrivals = (e.get("received_at") for e in self.events if e.get("event") in names)
+        return next((float(t) for t in arrivals if isinstance(t, int | float) and t >= start), None)
 
     def flags(self) -> tuple[list[str], str]:
         """Hack flags the run raised, and a note explaining the dynamic ones."""

@@ -46,3 +46,23 @@ def test_untimed_run_has_no_timing() -> None:
     events = [event("compiled", 11.0), event("outputs_written", 12.0), event("result", 12.1)]
     run = CandidateRun(events, EXITED, timed=False, go_sent_at=12.05, startup_s=1.0, job_sent_at=10.0, compare_s=0.05)
     assert set(run.phases()) == {"startup", "build", "correctness", "compare"}
+
+
+def test_events_forged_before_a_phase_began_do_not_end_it() -> None:
+    # candidate code printed a result (and a negative GPU wait) while it was being imported
+    events = [
+        event("result", 11.0),
+        event("device_acquired", 11.5, wait_s=-100.0),
+        event("compiled", 12.0),
+        event("outputs_written", 13.0),
+        event("result", 15.0),
+    ]
+    run = CandidateRun(events, EXITED, timed=True, go_sent_at=13.5, startup_s=1.0, job_sent_at=10.0, compare_s=0.25)
+    assert run.phases() == {
+        "startup": 1.0,
+        "build": 2.0,  # the forged result before "compiled" does not end the build
+        "correctness": 1.0,
+        "compare": 0.25,
+        "timing": 1.5,  # ends at the result after the go, not the forged one
+        "device_wait": 0.0,
+    }

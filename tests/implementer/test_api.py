@@ -105,7 +105,7 @@ def _start(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=180,  # start-up imports on a loaded 2-core CI machine have taken over 60 s
         env={**clean, "PYTHONPATH": os.pathsep.join(sys.path), **env},
     )
 
