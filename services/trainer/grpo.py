@@ -170,16 +170,15 @@ def optimise(
                     filler = make_batch([[pad]], [[pad]], pad, device)
                     accelerator.backward(policy.logprobs(filler)[0].sum() * 0.0)
                     continue
-                rows = mini
-                chunk = [samples[i] for i in rows]
+                chunk = [samples[i] for i in mini]
                 batch = make_batch([t.prompt_ids for t in chunk], [t.completion_ids for t in chunk], pad, device)
                 width = batch.completion_ids.shape[1]
                 logps, entropy = policy.logprobs(batch, with_entropy=True)
                 assert entropy is not None  # requested with with_entropy=True
                 loss, s = grpo_loss(
                     logps,
-                    pad_rows([old_logps[i] for i in rows], width),
-                    pad_rows([ref_logps[i] for i in rows], width) if ref_logps else None,
+                    pad_rows([old_logps[i] for i in mini], width),
+                    pad_rows([ref_logps[i] for i in mini], width) if ref_logps else None,
                     torch.tensor([t.advantage for t in chunk], device=device),
                     batch.completion_mask,
                     config.epsilon,
