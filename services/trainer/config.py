@@ -75,6 +75,9 @@ class TrainConfig:
     """Upper bound of baseline_ms / candidate_ms in the reward; None for no cap."""
     skip_upstream_errors: bool = True
     """Leave implementer `upstream_error` samples out of the loss; False scores them as not compiled."""
+    reuse_evaluations: bool = True
+    """Evaluate a kernel once per update when several samples of a problem produce it (they share its verdict
+    and reward); False evaluates every sample's kernel, so identical kernels differ by timing noise."""
 
     # --- returns, advantages, loss ---
     gamma: float = 0.4

@@ -54,6 +54,7 @@ class Turn:
     reward: float | None = None
     speedup: float | None = None
     eval_latency_s: float | None = None
+    evaluation_reused: bool = False
     ret: float = 0.0
     advantage: float = 0.0
 
@@ -63,6 +64,10 @@ class EpisodeState:
     kernel_a: str
     kernel_b: str
     suggestion: str = ""
+
+
+Evaluation = tuple[EvaluationResult | None, float, str]
+"""What `Services.evaluate` returns: the result (None when the evaluator failed), latency in s, message."""
 
 
 @dataclass
@@ -76,6 +81,7 @@ class ServiceSettings:
     evaluation_timeout_s: float | None
     skip_upstream_errors: bool
     rewards: RewardValues
+    reuse_evaluations: bool = True
 
 
 def reference_as_candidate(reference_source: str) -> str:
@@ -124,9 +130,7 @@ class Services:
             return ("upstream_error" if busy else "refused"), None, str(exc)[:500]
         return response.status, response.source, response.message
 
-    async def evaluate(
-        self, reference: str, candidate: str, seed: int | None = None
-    ) -> tuple[EvaluationResult | None, float, str]:
+    async def evaluate(self, reference: str, candidate: str, seed: int | None = None) -> Evaluation:
         """(result or None when the evaluator failed, latency in s, error message); `seed` draws the inputs."""
         s = self.settings
         request = EvaluateRequest(
@@ -206,15 +210,30 @@ async def _evaluate_turns(
     turns: list[Turn],
     candidates: list[str | None],
     input_seed: int | None,
+    evaluations: dict[tuple[int, str], asyncio.Task[Evaluation]],
 ) -> None:
-    """Score every new kernel at once, set rewards, and advance the states that got a verdict."""
+    """Score every new kernel at once, set rewards, and advance the states that got a verdict.
+
+    `evaluations` holds this update's requests by (problem, kernel hash): with `reuse_evaluations` a kernel that
+    another sample of the update already produced is not sent again but takes that verdict, even while the first
+    request is still in flight. Timing the same source twice measures only noise, and the noise would become the
+    advantage of a group whose samples all wrote the same kernel."""
 
     async def one(turn: Turn, state: EpisodeState, candidate: str) -> None:
         problem = problems[turn.group]
         turn.kernel_hash = kernel_hash(candidate)
-        result, turn.eval_latency_s, turn.message = await services.evaluate(problem.source, candidate, input_seed)
+        key = (turn.group, turn.kernel_hash)
+        task = evaluations.get(key) if services.settings.reuse_evaluations else None
+        if task is None:
+            task = asyncio.ensure_future(services.evaluate(problem.source, candidate, input_seed))
+            evaluations[key] = task
+            result, turn.eval_latency_s, turn.message = await task
+        else:
+            turn.evaluation_reused = True
+            result, _, turn.message = await task
         if result is None:
             turn.verdict = "evaluator_error"
+            evaluations.pop(key, None)  # a later turn asks again rather than inherit a failed request
             return
         turn.verdict = result.status.value
         baseline = services.baseline_for(problem.hash, result)
@@ -245,6 +264,7 @@ async def run_episodes(
     group are then judged on the same inputs, and the evaluator runs each problem's reference once, not once
     per sample."""
     states = [EpisodeState(kernel_a=p.source, kernel_b=p.source) for p in problems for _ in range(num_trajectories)]
+    evaluations: dict[tuple[int, str], asyncio.Task[Evaluation]] = {}
     index = [(g, j) for g in range(len(problems)) for j in range(num_trajectories)]
     await asyncio.gather(*(services.ensure_baseline(p.hash, p.source, input_seed) for p in problems))
     all_turns: list[Turn] = []
@@ -272,6 +292,6 @@ async def run_episodes(
         if should_stop():
             raise Interrupted
         candidates = await _implement_turns(services, problems, states, turns)
-        await _evaluate_turns(services, problems, states, turns, candidates, input_seed)
+        await _evaluate_turns(services, problems, states, turns, candidates, input_seed, evaluations)
         all_turns.extend(turns)
     return all_turns

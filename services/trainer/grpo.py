@@ -229,7 +229,7 @@ def rollout_metrics(turns: list[Turn], samples: list[Turn], num_trajectories: in
     group_std = defaultdict(list)
     for t in samples:
         group_std[t.group].append(t.ret)
-    latencies = [t.eval_latency_s for t in turns if t.eval_latency_s is not None]
+    latencies = [t.eval_latency_s for t in turns if t.eval_latency_s is not None]  # reused verdicts have none
     return {
         "reward/mean": statistics.fmean(rewards) if rewards else 0.0,
         "reward/std": statistics.pstdev(rewards) if rewards else 0.0,
@@ -248,6 +248,7 @@ def rollout_metrics(turns: list[Turn], samples: list[Turn], num_trajectories: in
         "completions/mean_length": statistics.fmean([len(t.completion_ids) for t in turns]),
         "completions/clipped_ratio": statistics.fmean([not t.finished for t in turns]),
         "services/eval_latency_s": statistics.fmean(latencies) if latencies else 0.0,
+        "services/evaluations": float(len(latencies)),
     }
 
 
@@ -277,6 +278,7 @@ def make_services(config: TrainConfig) -> Services:
         config.evaluation_timeout_s,
         config.skip_upstream_errors,
         rewards,
+        config.reuse_evaluations,
     )
     return Services(implementers, evaluators, settings)
 

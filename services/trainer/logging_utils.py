@@ -28,6 +28,7 @@ EPISODE_FIELDS = (
     "advantage",
     "speedup",
     "eval_latency_s",
+    "evaluation_reused",
     "finished",
     "message",
 )

@@ -122,11 +122,82 @@ def test_one_input_seed_per_update(tokenizer):
         ReplicaPool(["i"], lambda _: ScriptedImplementer()), ReplicaPool(["e"], lambda _: evaluator), settings
     )
 
+    turn = iter(range(2))
+
     def generate(prompts):
-        return [([7, 2], "fast", True) for _ in prompts]
+        t = next(turn)
+        return [([7, 2], f"fast {j} at turn {t}", True) for j in range(len(prompts))]  # every kernel different
 
     asyncio.run(run_episodes([FakeProblem()], 3, 2, tokenizer, generate, services, 1024, input_seed=1234))
     assert evaluator.seeds == [1234] * (1 + 3 * 2)  # the baseline, then 3 trajectories x 2 turns
+
+
+class NoisyEvaluator:
+    """Every request takes a while (so duplicates are in flight together) and times 10 % slower than the last."""
+
+    def __init__(self) -> None:
+        self.candidates: list[str] = []
+
+    async def evaluate(self, request):
+        self.candidates.append(request.candidate_source)
+        calls = len(self.candidates)
+        await asyncio.sleep(0.05)
+        if request.candidate_source == "# from broken\n" and self.candidates.count(request.candidate_source) == 1:
+            raise ServiceError("evaluator", 503, "worker pool restarting")
+        return EvaluationResult(
+            status=EvaluationStatus.correct,
+            compiled=True,
+            correct=True,
+            device="cpu",
+            reference_ms=_ms(2.0),
+            candidate_ms=_ms(2.0 * 1.1**calls),
+        )
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _run_with(reuse: bool, tokenizer) -> tuple[list, NoisyEvaluator]:
+    evaluator = NoisyEvaluator()
+    settings = ServiceSettings("cuda", "auto", 5, 1, 1, False, None, True, RewardValues(), reuse)
+    services = Services(
+        ReplicaPool(["i"], lambda _: ScriptedImplementer()), ReplicaPool(["e"], lambda _: evaluator), settings
+    )
+    # trajectory j's suggestions at turns 0 and 1; the implementer writes "# from <suggestion>"
+    script = {0: ["same", "same"], 1: ["same", "other"], 2: ["other", "broken"], 3: ["broken", "broken"]}
+    calls = {"n": 0}
+
+    def generate(prompts):
+        turn = calls["n"]
+        calls["n"] += 1
+        return [([7, 2], script[j][turn], True) for j in range(len(prompts))]
+
+    turns = asyncio.run(run_episodes([FakeProblem()], 4, 2, tokenizer, generate, services, 1024, input_seed=7))
+    return turns, evaluator
+
+
+def test_identical_kernels_are_evaluated_once_per_update(tokenizer):
+    turns, evaluator = _run_with(True, tokenizer)
+    by = {(t.trajectory, t.turn): t for t in turns}
+    sent = evaluator.candidates[1:]  # after the baseline
+    # turn 0: "same" once for two samples in flight together, "other" once, "broken" fails;
+    # turn 1: "same" and "other" reuse turn 0's verdicts, "broken" is asked again (failures are not kept)
+    assert sorted(sent) == sorted(["# from same\n", "# from other\n", "# from broken\n", "# from broken\n"])
+    same = [by[(0, 0)], by[(1, 0)], by[(0, 1)]]
+    assert len({t.reward for t in same}) == 1 and same[0].reward is not None
+    assert by[(1, 1)].reward == by[(2, 0)].reward  # "other" at turn 1 took turn 0's verdict
+    assert by[(3, 0)].verdict == "evaluator_error" and by[(3, 0)].reward is None
+    assert by[(2, 1)].verdict == by[(3, 1)].verdict == "correct" and by[(2, 1)].reward == by[(3, 1)].reward
+    assert [t.evaluation_reused for t in same].count(False) == 1
+    assert all(t.eval_latency_s is None for t in turns if t.evaluation_reused)
+
+
+def test_without_reuse_every_kernel_is_evaluated(tokenizer):
+    turns, evaluator = _run_with(False, tokenizer)
+    assert len(evaluator.candidates) == 1 + 8  # the baseline and every sample
+    by = {(t.trajectory, t.turn): t for t in turns}
+    assert by[(0, 0)].reward != by[(1, 0)].reward  # the same kernel, timed twice, differs by the "noise"
+    assert not any(t.evaluation_reused for t in turns)
 
 
 def test_evaluation_seed_is_new_each_update_and_reproducible():
