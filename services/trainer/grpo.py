@@ -59,6 +59,11 @@ def group_advantages(returns: Sequence[float], groups: Sequence[Any], scale_rewa
     return advantages
 
 
+def advantage_group(turn: Turn, config: TrainConfig) -> tuple[int, ...]:
+    """The samples a turn's advantage is normalised over: its problem's, or its problem's at its turn index."""
+    return (turn.group, turn.turn) if config.advantage_scope == "group_per_turn" else (turn.group,)
+
+
 def assign_returns_and_advantages(turns: list[Turn], config: TrainConfig) -> list[Turn]:
     """Set ret/advantage on every turn; returns the turns that go into the loss (reward not None)."""
     by_trajectory: dict[tuple[int, int], list[Turn]] = defaultdict(list)
@@ -69,8 +74,7 @@ def assign_returns_and_advantages(turns: list[Turn], config: TrainConfig) -> lis
         for turn, ret in zip(trajectory, discounted_returns([t.reward for t in trajectory], config.gamma), strict=True):
             turn.ret = ret
     samples = [t for t in turns if t.reward is not None]
-    per_turn = config.advantage_scope == "group_per_turn"
-    groups = [(t.group, t.turn) if per_turn else t.group for t in samples]
+    groups = [advantage_group(t, config) for t in samples]
     for turn, adv in zip(
         samples, group_advantages([t.ret for t in samples], groups, config.scale_rewards), strict=True
     ):
@@ -222,19 +226,19 @@ def evaluation_seed(seed: int, update: int) -> int:
     return random.Random(f"inputs-{seed}-{update}").randrange(2**31)
 
 
-def rollout_metrics(turns: list[Turn], samples: list[Turn], num_trajectories: int) -> dict[str, float]:
+def rollout_metrics(turns: list[Turn], samples: list[Turn], config: TrainConfig) -> dict[str, float]:
     rewards = [t.reward for t in samples if t.reward is not None]
     scored = [t for t in turns if t.verdict not in (None, "evaluator_error")]
     speedups = [t.speedup for t in turns if t.speedup is not None]
-    group_std = defaultdict(list)
+    group_returns = defaultdict(list)
     for t in samples:
-        group_std[t.group].append(t.ret)
+        group_returns[advantage_group(t, config)].append(t.ret)
     latencies = [t.eval_latency_s for t in turns if t.eval_latency_s is not None]  # reused verdicts have none
     return {
         "reward/mean": statistics.fmean(rewards) if rewards else 0.0,
         "reward/std": statistics.pstdev(rewards) if rewards else 0.0,
-        "reward/frac_zero_std_groups": statistics.fmean([float(len(set(v)) <= 1) for v in group_std.values()])
-        if group_std
+        "reward/frac_zero_std_groups": statistics.fmean([float(len(set(v)) <= 1) for v in group_returns.values()])
+        if group_returns
         else 0.0,
         "rate/compiled": statistics.fmean([t.verdict not in ("compile_error", "rejected") for t in scored])
         if scored
@@ -410,7 +414,7 @@ def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read 
                 # 4. returns R_t = r_t + gamma R_{t+1}, then advantages normalised within each problem's group
                 samples = assign_returns_and_advantages(turns, config)
                 all_turns, all_samples = gather_turns(turns, accelerator, per_process)
-                metrics = rollout_metrics(all_turns, all_samples, config.num_trajectories)
+                metrics = rollout_metrics(all_turns, all_samples, config)
                 n_tokens = sum(len(t.completion_ids) for t in all_turns)
                 empty_updates = 0 if all_samples else empty_updates + 1
                 if empty_updates >= config.max_empty_updates:

@@ -17,6 +17,7 @@ from services.trainer.grpo import (
     group_advantages,
     grpo_loss,
     optimizer_steps,
+    rollout_metrics,
     select_problems,
 )
 
@@ -75,6 +76,21 @@ def test_assign_group_and_per_turn_scopes():
     per_turn = TrainConfig(gamma=0.5, num_trajectories=2, scale_rewards=False, advantage_scope="group_per_turn")
     samples = assign_returns_and_advantages(turns, per_turn)
     assert [t.advantage for t in samples] == pytest.approx([1.5, 0.0, -1.5])  # turn 0: {2, -1}; turn 1: {2}
+
+
+def test_same_kernel_every_turn_has_no_advantage_per_turn_index():
+    # both trajectories wrote the same kernel at both turns (shared verdict, reward 1.2 each): with gamma 0.4 the
+    # turn-0 returns are 1.68 and the turn-1 returns 1.2, so over the whole group turn 0 gains and turn 1 loses
+    turns = [_turn(0, j, t, 1.2) for j in range(2) for t in range(2)]
+    group = TrainConfig(gamma=0.4, num_trajectories=2)
+    samples = assign_returns_and_advantages(turns, group)
+    assert [t.advantage > 0 for t in samples] == [True, False, True, False]
+    assert rollout_metrics(turns, samples, group)["reward/frac_zero_std_groups"] == 0.0
+
+    per_turn = TrainConfig(gamma=0.4, num_trajectories=2, advantage_scope="group_per_turn")
+    samples = assign_returns_and_advantages(turns, per_turn)
+    assert [t.advantage for t in samples] == [0.0] * 4
+    assert rollout_metrics(turns, samples, per_turn)["reward/frac_zero_std_groups"] == 1.0
 
 
 def test_loss_by_hand_token_level_with_clipping_and_kl():
