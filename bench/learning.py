@@ -2,9 +2,10 @@
 here on 127.0.0.1; writes bench/results/learning.json and learning.png and prints the mean reward of the first 5
 updates against the last 5.
 
-    python bench/learning.py [--updates 30] [--config configs/default.yaml] [--summarize RUN_DIR]
+    python bench/learning.py [--updates 30] [--config configs/default.yaml] [--summarize RUN_DIR] [--name NAME]
 
-`--summarize RUN_DIR` only reads an existing run's metrics.jsonl (e.g. a run still going or cut short).
+`--summarize RUN_DIR` only reads an existing run's metrics.jsonl (e.g. a run still going or cut short); `--name`
+names the result files (bench/results/NAME.json and NAME.png; default `learning`).
 """
 
 from __future__ import annotations
@@ -70,7 +71,19 @@ def per_problem_first_last(turns: list[dict]) -> dict[str, dict[str, float]]:
     }
 
 
-def summarize(run_dir: Path, config: str, wall_s: float | None) -> dict[str, object]:
+def identical_kernel_spread(turns: list[dict]) -> float | None:
+    """Median relative std of the speedups that one kernel got from separate evaluations within an update (runs
+    with `reuse_evaluations: false`): how much of a group's reward spread is timing noise. None without repeats."""
+    speedups: dict[tuple, list[float]] = {}
+    for turn in turns:
+        if turn.get("speedup") is not None and not turn.get("evaluation_reused"):
+            key = (turn["update"], turn["problem_id"], turn["kernel_hash"])
+            speedups.setdefault(key, []).append(turn["speedup"])
+    spreads = [statistics.pstdev(v) / statistics.fmean(v) for v in speedups.values() if len(v) > 1]
+    return statistics.median(spreads) if spreads else None
+
+
+def summarize(run_dir: Path, config: str, wall_s: float | None, name: str = "learning") -> dict[str, object]:
     rows = read_jsonl(run_dir / "metrics.jsonl")
     turns = read_jsonl(run_dir / "episodes.jsonl")
     suggestions = suggestion_stats(turns)
@@ -95,7 +108,10 @@ def summarize(run_dir: Path, config: str, wall_s: float | None) -> dict[str, obj
                     "rate/compiled",
                     "rate/correct",
                     "speedup/mean",
+                    "reward/frac_zero_std_groups",
+                    "services/evaluations",
                     "losses/kl",
+                    "time/services_s",
                     "time/update_s",
                 )
             }
@@ -106,10 +122,11 @@ def summarize(run_dir: Path, config: str, wall_s: float | None) -> dict[str, obj
         "per_problem_first_mean": statistics.fmean(p["first"] for p in problems.values()) if problems else None,
         "per_problem_last_mean": statistics.fmean(p["last"] for p in problems.values()) if problems else None,
         "per_problem_improved": sum(p["last"] > p["first"] for p in problems.values()),
+        "identical_kernel_speedup_spread": identical_kernel_spread(turns),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "learning.json").write_text(json.dumps(summary, indent=2))
-    plot_reward_curve(run_dir / "metrics.jsonl", RESULTS / "learning.png")
+    (RESULTS / f"{name}.json").write_text(json.dumps(summary, indent=2))
+    plot_reward_curve(run_dir / "metrics.jsonl", RESULTS / f"{name}.png")
     print(
         f"updates {len(rows)}: mean reward of the first {window} = {summary['first_mean_reward']}, "
         f"last {window} = {summary['last_mean_reward']}; {len(problems)} problems seen twice or more: "
@@ -125,9 +142,10 @@ def main() -> int:
     parser.add_argument("--updates", type=int, default=30)
     parser.add_argument("--run-dir", type=Path, default=REPO / "runs" / "bench-learning")
     parser.add_argument("--summarize", type=Path, help="only summarise this existing run directory")
+    parser.add_argument("--name", default="learning", help="stem of the result files in bench/results/")
     args = parser.parse_args()
     if args.summarize:
-        summarize(args.summarize, args.config, None)
+        summarize(args.summarize, args.config, None, args.name)
         return 0
     RESULTS.mkdir(parents=True, exist_ok=True)
     args.run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -160,7 +178,7 @@ def main() -> int:
         if (args.run_dir / "checkpoints").exists():
             command.append("--resume")
         code = subprocess.call(command, cwd=REPO)
-    summarize(args.run_dir, args.config, time.perf_counter() - start)
+    summarize(args.run_dir, args.config, time.perf_counter() - start, args.name)
     return code
 
 
