@@ -31,6 +31,18 @@ def _ms(value: float) -> TimingStats:
     return TimingStats(median=value, mean=value, std=0.0, min=value, max=value, n=5)
 
 
+def _correct(candidate_ms: float) -> EvaluationResult:
+    """A correct verdict with a 2 ms reference."""
+    return EvaluationResult(
+        status=EvaluationStatus.correct,
+        compiled=True,
+        correct=True,
+        device="cpu",
+        reference_ms=_ms(2.0),
+        candidate_ms=_ms(candidate_ms),
+    )
+
+
 class ScriptedImplementer:
     """Answers by the suggestion's text; records what it was asked."""
 
@@ -59,14 +71,7 @@ class ScriptedEvaluator:
             return EvaluationResult(
                 status=EvaluationStatus.evaluator_error, compiled=False, correct=False, device="cpu"
             )
-        return EvaluationResult(
-            status=EvaluationStatus.correct,
-            compiled=True,
-            correct=True,
-            device="cpu",
-            reference_ms=_ms(2.0),
-            candidate_ms=_ms(1.0 if "fast" in request.candidate_source else 2.0),
-        )
+        return _correct(1.0 if "fast" in request.candidate_source else 2.0)
 
     async def aclose(self) -> None:
         return None
@@ -144,14 +149,7 @@ class NoisyEvaluator:
         await asyncio.sleep(0.05)
         if request.candidate_source == "# from broken\n" and self.candidates.count(request.candidate_source) == 1:
             raise ServiceError("evaluator", 503, "worker pool restarting")
-        return EvaluationResult(
-            status=EvaluationStatus.correct,
-            compiled=True,
-            correct=True,
-            device="cpu",
-            reference_ms=_ms(2.0),
-            candidate_ms=_ms(2.0 * 1.1**calls),
-        )
+        return _correct(2.0 * 1.1**calls)
 
     async def aclose(self) -> None:
         return None
