@@ -51,4 +51,4 @@ class Metrics:
         if result.cache_hit:
             self.cache_hits.inc()
         for phase, seconds in result.phases_s.items():
-            self.phase_seconds.labels(phase=phase).inc(max(0.0, seconds))  # a counter never goes down
+            self.phase_seconds.labels(phase=phase).inc(seconds)  # never negative: see CandidateRun.phases()
