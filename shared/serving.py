@@ -1,11 +1,17 @@
-"""Server-side pieces both HTTP services share: the loopback rule for binding and the bearer-token check."""
+"""Server-side pieces both HTTP services share: the loopback rule for binding, the bearer-token check and the
+422 answer."""
 
 from __future__ import annotations
 
 import hmac
 import ipaddress
+import math
+from typing import Any
 
-from fastapi import HTTPException, status
+from fastapi import HTTPException, Request, status
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials
 
 
@@ -28,3 +34,20 @@ def check_bearer(expected: str | None, credentials: HTTPAuthorizationCredentials
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
         )
+
+
+def _finite(value: Any) -> Any:
+    """`value` with NaN and infinities as text: JSON has no such numbers, and a 422 echoes what was sent."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
+async def validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """422 listing the fields, also for a body carrying NaN or Infinity (which the default handler cannot encode)."""
+    assert isinstance(exc, RequestValidationError)
+    return JSONResponse({"detail": _finite(jsonable_encoder(exc.errors()))}, 422)

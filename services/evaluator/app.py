@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import JSONResponse
 
@@ -22,6 +23,7 @@ from services.evaluator.metrics import Metrics
 from services.evaluator.pool import WorkerPool
 from services.evaluator.sandbox import strict_isolation_works
 from shared.contracts import MAX_BATCH_SIZE, MAX_SOURCE_BYTES
+from shared.serving import validation_error
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +125,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         route = request.scope.get("route")
         metrics.requests.labels(route=getattr(route, "path", "unmatched"), code=str(response.status_code)).inc()
         return response
+
+    app.add_exception_handler(RequestValidationError, validation_error)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:

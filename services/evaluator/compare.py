@@ -1,22 +1,44 @@
 """Trusted comparison of candidate outputs with reference outputs, in the service process.
 
-Outputs arrive as files a worker wrote; they are read as data only (`torch.load(weights_only=True)`).
+Outputs arrive as files a worker wrote, and the worker is hostile: everything here treats a file's path, size,
+format and contents as the candidate's to choose. Files are opened without following symlinks and refused above a
+size the reference outputs justify (`safe_files`), parsed as data only (`torch.load(weights_only=True)` of a plain,
+uncompressed torch zip archive), then checked for shape before any value is looked at: at most MAX_LEAVES leaves
+and MAX_DEPTH levels of lists, plain dense CPU tensors only. A candidate whose file fails any of this is
+`incorrect`, never an exception in the service; a comparison that outlives its deadline says so (`timed_out`).
 """
 
 from __future__ import annotations
 
 import io
+import math
+import time
+import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from services.evaluator.sandbox import read_regular_file
+from services.evaluator.safe_files import FileTooLargeError, read_file_beneath
 
 # Default tolerances by reference dtype (absolute and relative alike).
 TOLERANCES = {torch.float16: 1e-2, torch.bfloat16: 1e-2, torch.float32: 1e-4, torch.float64: 1e-4}
 LOW_PRECISION_TOLERANCE = 1e-1
+
+# Most leaves (tensors, numbers, None) one trial's outputs or inputs may have, and deepest nesting of lists.
+MAX_LEAVES = 4096
+MAX_DEPTH = 16
+# Floating outputs are compared this many elements at a time, so float64 copies of a huge output never coexist.
+CHUNK_ELEMENTS = 1 << 22
+# An output file may be twice the raw size of the reference's outputs and the trial's inputs (it holds outputs
+# and inputs_after), plus per-leaf pickle and zip headers, plus this much.
+OUTPUT_SLACK_BYTES = 1 << 20
+LEAF_OVERHEAD_BYTES = 1024
+_INT64 = (-(2**63), 2**63 - 1)
+
+TIME_LIMIT_MESSAGE = "comparison exceeded the time limit"
 
 
 @dataclass
@@ -26,37 +48,163 @@ class Comparison:
     max_abs_error: float | None = None
     max_rel_error: float | None = None
     input_mutation: bool = False
+    # The deadline passed before every trial was compared (the verdict is a timeout, not `incorrect`).
+    timed_out: bool = False
+
+
+class MalformedDataError(ValueError):
+    """Data is not what our runner writes: wrong format, too many leaves, too deep, or a type it never saves."""
+
+
+class ComparisonTimeoutError(Exception):
+    """The deadline given to `compare_trial` passed."""
+
+
+def _check_archive(data: bytes) -> None:
+    """Refuse anything but a torch zip archive of stored (uncompressed) records that fit in `data`.
+
+    torch.load also reads the legacy (non-zip) format and deflated records; neither comes from torch.save as our
+    runner calls it, and both let a small file make the loader allocate far more than its size.
+    """
+    if not data.startswith(b"PK\x03\x04"):
+        raise MalformedDataError("not a torch zip archive")
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError) as exc:
+        raise MalformedDataError(f"not a readable zip archive ({exc})") from exc
+    total = 0
+    for entry in entries:
+        if entry.compress_type != zipfile.ZIP_STORED or entry.compress_size != entry.file_size:
+            raise MalformedDataError("zip archive has compressed records")
+        total += entry.file_size
+    if total > len(data):
+        raise MalformedDataError("zip archive declares more data than it holds")
 
 
 def load_data(data: bytes) -> Any:
+    """Parse a file our runner wrote with torch.save: data only, CPU only, uncompressed zip format only."""
+    _check_archive(data)
     return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
 
 
-def flatten(value: Any) -> list[Any]:
-    if isinstance(value, list | tuple):
-        return [leaf for item in value for leaf in flatten(item)]
-    if isinstance(value, bool | int | float):
-        return [torch.tensor(value)]
-    return [value]
+def flatten(value: Any, *, max_leaves: int = MAX_LEAVES, max_depth: int = MAX_DEPTH) -> list[Any]:
+    """Leaves of nested lists/tuples in order; Python numbers become 0-d tensors, tensors and None stay.
+
+    Iterative and bounded: more than `max_leaves` leaves, nesting deeper than `max_depth`, or any type our
+    runner never writes (dicts, strings, sets, ...) raise MalformedDataError, however the data was built.
+    """
+    leaves: list[Any] = []
+    stack: list[tuple[Iterator[Any], int]] = [(iter((value,)), 0)]
+    while stack:
+        items, depth = stack[-1]
+        item: Any = next(items, _END)
+        if item is _END:
+            stack.pop()
+            continue
+        kind = type(item)
+        if kind is list or kind is tuple:
+            if depth >= max_depth:
+                raise MalformedDataError(f"outputs are nested deeper than {max_depth} levels")
+            stack.append((iter(item), depth + 1))
+            continue
+        if len(leaves) >= max_leaves:
+            raise MalformedDataError(f"more than {max_leaves} outputs")
+        if kind is bool or kind is float:
+            leaves.append(torch.tensor(item))
+        elif kind is int:
+            if not _INT64[0] <= item <= _INT64[1]:
+                raise MalformedDataError("an integer output does not fit in 64 bits")
+            leaves.append(torch.tensor(item))
+        elif item is None or isinstance(item, torch.Tensor):
+            leaves.append(item)
+        else:
+            raise MalformedDataError(f"outputs contain a {kind.__name__}, expected a tensor, a number or a list")
+    return leaves
+
+
+_END = object()
+_UNBOUNDED = 1 << 62
+
+
+def _trusted_leaves(value: Any) -> list[Any]:
+    """Leaves of the reference's data (outputs, inputs): trusted, so not held to the candidate's limits."""
+    return flatten(value, max_leaves=_UNBOUNDED, max_depth=_UNBOUNDED)
 
 
 def default_tolerance(dtype: torch.dtype) -> float:
+    if dtype.is_complex:
+        dtype = dtype.to_real()
     if dtype in TOLERANCES:
         return TOLERANCES[dtype]
     return LOW_PRECISION_TOLERANCE if dtype.is_floating_point else 0.0
 
 
+def _nbytes(value: Any) -> int:
+    """Raw bytes of a (trusted) structure's tensors, plus a per-leaf allowance for headers."""
+    total = 0
+    for leaf in _trusted_leaves(value):
+        total += LEAF_OVERHEAD_BYTES
+        if isinstance(leaf, torch.Tensor):
+            total += leaf.numel() * leaf.element_size()
+    return total
+
+
+def output_size_limit(expected: Any, inputs: list[Any]) -> int:
+    """Largest output file one trial may write: outputs and inputs_after as big as the reference's, twice over
+    (pickle and zip framing, alignment), plus OUTPUT_SLACK_BYTES."""
+    return 2 * (_nbytes(expected) + _nbytes(inputs)) + OUTPUT_SLACK_BYTES
+
+
+def _check_deadline(deadline: float | None) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise ComparisonTimeoutError(TIME_LIMIT_MESSAGE)
+
+
+def _tensor_problem(what: str, value: torch.Tensor) -> str:
+    """Why a candidate tensor is not one our runner writes (plain, dense, CPU, non-overlapping), or ""."""
+    if type(value) is not torch.Tensor:
+        return f"{what} is a {type(value).__name__}, expected a plain tensor"
+    if value.layout != torch.strided or value.is_nested:
+        return f"{what} has layout {value.layout}, expected a dense (strided) tensor"
+    if value.device.type != "cpu":
+        return f"{what} is on device {value.device}, expected cpu"
+    if value.is_quantized:
+        return f"{what} is quantized"
+    if value.numel() * value.element_size() > value.untyped_storage().nbytes():
+        return f"{what} has overlapping memory (expanded strides), expected a dense tensor"
+    return ""
+
+
+def _chunks(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
+    flat = tensor.reshape(-1)
+    for start in range(0, flat.numel(), CHUNK_ELEMENTS):
+        yield flat[start : start + CHUNK_ELEMENTS]
+
+
+def _as_real(tensor: torch.Tensor) -> torch.Tensor:
+    """Complex tensors as (..., 2) real views, so that real and imaginary parts are both compared."""
+    tensor = tensor.resolve_conj().resolve_neg()
+    return torch.view_as_real(tensor) if tensor.is_complex() else tensor
+
+
 def _compare_tensor(
     index: int,
-    expected: torch.Tensor,
+    expected: Any,
     actual: Any,
     atol: float | None,
     rtol: float | None,
     errors: list[tuple[float, float]],
+    deadline: float | None = None,
 ) -> str:
     """Reason output `index` is wrong, or empty; appends its (max abs, max rel) error to `errors`."""
+    if expected is None:
+        return "" if actual is None else f"output {index} is a {type(actual).__name__}, expected None"
     if not isinstance(actual, torch.Tensor):
         return f"output {index} is a {type(actual).__name__}, expected a tensor"
+    problem = _tensor_problem(f"output {index}", actual)
+    if problem:
+        return problem
     if actual.shape != expected.shape:
         return f"output {index} has shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
     if actual.dtype != expected.dtype:
@@ -69,27 +217,43 @@ def _compare_tensor(
         )
     tol = default_tolerance(expected.dtype)
     atol, rtol = atol if atol is not None else tol, rtol if rtol is not None else tol
-    want, got = expected.double(), actual.double()
-    if bool((~torch.isfinite(got) & torch.isfinite(want)).any()):
-        return f"output {index} has NaN/Inf where the reference is finite"
-    finite = torch.isfinite(want) & torch.isfinite(got)
-    diff = (got - want).abs()[finite]
-    if diff.numel():
-        errors.append((float(diff.max()), float((diff / (want.abs()[finite] + atol)).max())))
-    if not bool(torch.isclose(got, want, rtol=rtol, atol=atol, equal_nan=True).all()):
+    max_abs = max_rel = -math.inf
+    close = True
+    for want_chunk, got_chunk in zip(_chunks(_as_real(expected)), _chunks(_as_real(actual)), strict=True):
+        _check_deadline(deadline)
+        want, got = want_chunk.double(), got_chunk.double()
+        want_finite, got_finite = torch.isfinite(want), torch.isfinite(got)
+        if bool((want_finite & ~got_finite).any()):
+            return f"output {index} has NaN/Inf where the reference is finite"
+        finite = want_finite & got_finite
+        diff = (got - want).abs()[finite]
+        if diff.numel():
+            max_abs = max(max_abs, float(diff.max()))
+            max_rel = max(max_rel, float((diff / (want.abs()[finite] + atol)).max()))
+        del diff, finite, want_finite, got_finite
+        close = close and bool(torch.isclose(got, want, rtol=rtol, atol=atol, equal_nan=True).all())
+    if max_abs > -math.inf:
+        errors.append((max_abs, max_rel))
+    if not close:
         return f"output {index} differs beyond atol={atol:g} rtol={rtol:g}"
     return ""
 
 
-def _same(before: Any, after: Any) -> bool:
-    if isinstance(before, torch.Tensor):
-        return (
-            isinstance(after, torch.Tensor)
-            and before.shape == after.shape
-            and before.dtype == after.dtype
-            and bool(torch.equal(torch.nan_to_num(before), torch.nan_to_num(after)))
-        )
-    return before == after
+def _same(before: Any, after: Any, deadline: float | None = None) -> bool:
+    """Whether an input leaf is unchanged; NaNs equal NaNs in the same places."""
+    if not isinstance(before, torch.Tensor):
+        return type(before) is type(after) and before == after
+    if not isinstance(after, torch.Tensor) or before.shape != after.shape or before.dtype != after.dtype:
+        return False
+    if torch.equal(before, after):
+        return True
+    if not (before.dtype.is_floating_point or before.is_complex()):
+        return False
+    for b, a in zip(_chunks(_as_real(before)), _chunks(_as_real(after)), strict=True):
+        _check_deadline(deadline)
+        if not bool(((b == a) | (torch.isnan(b) & torch.isnan(a))).all()):
+            return False
+    return True
 
 
 def compare_trial(
@@ -99,38 +263,102 @@ def compare_trial(
     atol: float | None,
     rtol: float | None,
     errors: list[tuple[float, float]],
+    *,
+    deadline: float | None = None,
 ) -> tuple[str, bool]:
-    """(reason the outputs are wrong or "", whether the candidate changed its inputs)."""
-    if not isinstance(produced, dict) or "outputs" not in produced:
+    """(reason the outputs are wrong or "", whether the candidate changed its inputs).
+
+    `produced` is what the runner saved: {"outputs": ..., "inputs_after": [...]}. Anything else, or outputs the
+    runner never writes, is a reason. Raises ComparisonTimeoutError once `deadline` (time.monotonic()) passes.
+    """
+    if type(produced) is not dict or set(produced) != {"outputs", "inputs_after"}:
         return "output file is malformed", False
-    after = produced.get("inputs_after") or []
-    mutated = len(after) != len(inputs) or not all(_same(a, b) for a, b in zip(inputs, after, strict=False))
-    want, got = flatten(expected), flatten(produced["outputs"])
+    # The reference's data is trusted (and may exceed the limits); the candidate's may have as many leaves.
+    want, before = _trusted_leaves(expected), _trusted_leaves(inputs)
+    if type(produced["inputs_after"]) is not list:
+        return "output file is malformed: inputs_after is not a list", False
+    try:
+        got = flatten(produced["outputs"], max_leaves=max(MAX_LEAVES, len(want)))
+        after = flatten(produced["inputs_after"], max_leaves=max(MAX_LEAVES, len(before)))
+    except MalformedDataError as exc:
+        return f"output file is malformed: {exc}", False
+    for index, leaf in enumerate(after):
+        problem = _tensor_problem(f"input {index} after the call", leaf) if isinstance(leaf, torch.Tensor) else ""
+        if problem:
+            return problem, False
+    mutated = len(produced["inputs_after"]) != len(inputs) or len(after) != len(before)
+    for b, a in zip(before, after, strict=False):
+        if mutated:
+            break
+        _check_deadline(deadline)
+        mutated = not _same(b, a, deadline)
     if len(want) != len(got):
         return f"returned {len(got)} outputs, expected {len(want)}", mutated
     for index, (w, g) in enumerate(zip(want, got, strict=True)):
-        reason = _compare_tensor(index, w, g, atol, rtol, errors)
+        _check_deadline(deadline)
+        reason = _compare_tensor(index, w, g, atol, rtol, errors, deadline)
         if reason:
             return reason, mutated
     return "", mutated
 
 
 def compare_outputs(
-    out_dir: Path, expected: list[Any], inputs: list[list[Any]], atol: float | None, rtol: float | None, max_bytes: int
+    out_dir: Path,
+    expected: list[Any],
+    inputs: list[list[Any]],
+    atol: float | None,
+    rtol: float | None,
+    max_bytes: int,
+    *,
+    deadline: float | None = None,
+    owner_uid: int | None = None,
+    trusted_root: Path | None = None,
 ) -> Comparison:
-    """Compare every trial's output file in `out_dir` with the reference; stops at the first wrong trial."""
+    """Compare every trial's output file `out_dir/<trial>.pt` with the reference; stops at the first wrong trial.
+
+    `trusted_root` (default `out_dir.parent`, e.g. the worker's home) is the deepest directory the worker cannot
+    replace; from there down, `out_dir` and each file are opened without following symlinks, and a file must be a
+    regular file with one link, owned by `owner_uid` when given. A file is read only if it is at most `max_bytes`
+    and at most `output_size_limit()` of its trial. When `deadline` (a time.monotonic() value) passes between
+    trials, leaves or chunks, the result is incorrect with `timed_out` set. Never raises for the candidate's data.
+    """
+    root = trusted_root if trusted_root is not None else out_dir.parent
+    relative = out_dir.relative_to(root)
     all_errors: list[tuple[float, float]] = []
     mutated = False
     for trial, (want, trial_inputs) in enumerate(zip(expected, inputs, strict=True)):
+        if deadline is not None and time.monotonic() > deadline:
+            return _timed_out(all_errors, mutated)
+        limit = min(max_bytes, output_size_limit(want, trial_inputs))
         try:
-            produced = load_data(read_regular_file(out_dir / f"{trial}.pt", max_bytes))
+            data = read_file_beneath(root, relative / f"{trial}.pt", limit, owner_uid)
+        except FileTooLargeError as exc:
+            return Comparison(False, f"trial {trial}: output file of {exc.size} bytes, expected at most {exc.limit}")
         except Exception as exc:
             return Comparison(False, f"trial {trial}: unreadable output ({type(exc).__name__}: {exc})"[:500])
-        reason, trial_mutated = compare_trial(want, trial_inputs, produced, atol, rtol, all_errors)
+        try:
+            produced = load_data(data)
+        except Exception as exc:  # RecursionError, MemoryError, UnpicklingError, ...: the candidate's file
+            return Comparison(False, f"trial {trial}: unreadable output ({type(exc).__name__}: {exc})"[:500])
+        finally:
+            del data
+        try:
+            reason, trial_mutated = compare_trial(
+                want, trial_inputs, produced, atol, rtol, all_errors, deadline=deadline
+            )
+        except ComparisonTimeoutError:
+            return _timed_out(all_errors, mutated)
+        except Exception as exc:
+            reason, trial_mutated = f"outputs could not be compared ({type(exc).__name__}: {exc})"[:450], False
+        del produced
         mutated = mutated or trial_mutated
         if reason:
             return Comparison(False, f"trial {trial}: {reason}", *_maxima(all_errors), input_mutation=mutated)
     return Comparison(True, "", *_maxima(all_errors), input_mutation=mutated)
+
+
+def _timed_out(errors: list[tuple[float, float]], mutated: bool) -> Comparison:
+    return Comparison(False, TIME_LIMIT_MESSAGE, *_maxima(errors), input_mutation=mutated, timed_out=True)
 
 
 def _maxima(errors: list[tuple[float, float]]) -> tuple[float | None, float | None]:

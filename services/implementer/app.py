@@ -7,12 +7,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from services.implementer.backends import ImplementerBackend, build_backend
 from services.implementer.config import Settings
 from services.implementer.metrics import ImplementerMetrics
 from services.implementer.routes import VERSION, protected, public
+from shared.serving import validation_error
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,8 @@ def create_app(settings: Settings | None = None, backend: ImplementerBackend | N
     app.state.metrics = ImplementerMetrics()
     app.include_router(public)
     app.include_router(protected)
+
+    app.add_exception_handler(RequestValidationError, validation_error)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:

@@ -58,13 +58,23 @@ class EvaluateRequest(BaseModel):
     timing_trials: int = Field(100, ge=0, le=10_000, description="Timed calls of each model; 0 skips timing.")
     warmup_trials: int = Field(5, ge=0, le=1_000, description="Untimed calls before timing.")
     atol: float | None = Field(
-        None, gt=0, description="Absolute tolerance; default by dtype (fp32 1e-4, fp16/bf16 1e-2)."
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Absolute tolerance; default by dtype (fp32 1e-4, fp16/bf16 1e-2).",
     )
     rtol: float | None = Field(
-        None, gt=0, description="Relative tolerance; default by dtype (fp32 1e-4, fp16/bf16 1e-2)."
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Relative tolerance; default by dtype (fp32 1e-4, fp16/bf16 1e-2).",
     )
     timeout_s: float | None = Field(
-        None, gt=0, le=3600, description="Wall-clock limit of the whole evaluation; server default when absent."
+        None,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="Wall-clock limit of the whole evaluation; server default when absent.",
     )
     seed: int | None = Field(None, ge=0, lt=2**63, description="Seed of the random inputs; random when absent.")
     require_custom_kernel: bool = Field(

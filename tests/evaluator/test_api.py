@@ -66,6 +66,25 @@ def test_malformed_requests_are_4xx(api: TestClient, content: bytes, codes: tupl
 
 
 @pytest.mark.parametrize(
+    "fields",
+    [
+        {"atol": float("nan")},
+        {"atol": float("inf")},
+        {"rtol": float("inf")},
+        {"rtol": float("nan")},
+        {"timeout_s": float("nan")},
+        {"timeout_s": float("inf")},
+    ],
+)
+def test_non_finite_floats_are_422(api: TestClient, fields: dict[str, float]) -> None:
+    content = json.dumps(body(**fields))  # json.dumps writes NaN / Infinity, which Python's json.loads accepts
+    assert "NaN" in content or "Infinity" in content
+    response = api.post("/evaluate", content=content, headers={"content-type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert "finite" in response.text
+
+
+@pytest.mark.parametrize(
     ("reference", "missing"),
     [
         (sources.REFERENCE.replace("class Model(", "class Other("), "Model"),
@@ -146,3 +165,11 @@ def test_refuses_public_bind_without_token() -> None:
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)},
     )
     assert done.returncode != 0 and "EVALUATOR_TOKEN" in done.stderr
+
+
+@pytest.mark.parametrize("field", ["correctness_trials", "seed", "unknown_field"])
+def test_non_finite_number_in_any_field_is_422(api: TestClient, field: str) -> None:
+    content = json.dumps(body(**{field: float("nan")}))
+    response = api.post("/evaluate", content=content, headers={"content-type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert "nan" in response.text.lower()

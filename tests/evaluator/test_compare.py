@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import io
+import itertools
+import os
+import time
+import tracemalloc
+import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from services.evaluator.compare import compare_outputs, default_tolerance
+from services.evaluator import compare as compare_module
+from services.evaluator.compare import (
+    MAX_DEPTH,
+    MAX_LEAVES,
+    Comparison,
+    MalformedDataError,
+    compare_outputs,
+    default_tolerance,
+    flatten,
+    output_size_limit,
+)
 from services.evaluator.verdict import truncate
 
 
@@ -74,12 +91,256 @@ def test_input_mutation_is_detected(tmp_path: Path) -> None:
     assert compare(tmp_path, torch.ones(1), torch.ones(1), inputs, [torch.zeros(3), 5]).input_mutation
 
 
+SENTINEL = object()
+
+
+def compare_file(out_dir: Path, expected: object = SENTINEL, **options: object) -> Comparison:
+    """compare_outputs of trial 0 in `out_dir` against `expected` (default: one tensor of ones, no inputs)."""
+    want = torch.ones(1) if expected is SENTINEL else expected
+    max_bytes = options.pop("max_bytes", 1 << 20)
+    return compare_outputs(out_dir, [want], [[]], None, None, max_bytes, **options)  # type: ignore[arg-type]
+
+
+def save_ones(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"outputs": torch.ones(1), "inputs_after": []}, path)
+    return path
+
+
+def test_plain_output_file_is_correct(tmp_path: Path) -> None:
+    save_ones(tmp_path / "out" / "0.pt")
+    assert compare_file(tmp_path / "out").correct
+
+
 def test_symlinked_output_is_refused(tmp_path: Path) -> None:
     (tmp_path / "out").mkdir()
-    torch.save({"outputs": torch.ones(1), "inputs_after": []}, tmp_path / "real.pt")
-    (tmp_path / "out" / "0.pt").symlink_to(tmp_path / "real.pt")
-    result = compare_outputs(tmp_path / "out", [torch.ones(1)], [[]], None, None, 1 << 20)
+    (tmp_path / "out" / "0.pt").symlink_to(save_ones(tmp_path / "real.pt"))
+    result = compare_file(tmp_path / "out")
     assert not result.correct and "unreadable" in result.message
+
+
+def test_symlinked_out_dir_is_refused(tmp_path: Path) -> None:
+    save_ones(tmp_path / "elsewhere" / "0.pt")
+    (tmp_path / "out").symlink_to(tmp_path / "elsewhere")
+    result = compare_file(tmp_path / "out")
+    assert not result.correct and "unreadable" in result.message
+
+
+def test_symlink_between_trusted_root_and_out_dir_is_refused(tmp_path: Path) -> None:
+    save_ones(tmp_path / "real_home" / "out" / "0.pt")
+    (tmp_path / "home").symlink_to(tmp_path / "real_home")
+    assert compare_file(tmp_path / "real_home" / "out", trusted_root=tmp_path).correct
+    result = compare_file(tmp_path / "home" / "out", trusted_root=tmp_path)
+    assert not result.correct and "unreadable" in result.message
+
+
+def test_hard_linked_output_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    os.link(save_ones(tmp_path / "other_job.pt"), tmp_path / "out" / "0.pt")
+    result = compare_file(tmp_path / "out")
+    assert not result.correct and "hard links" in result.message
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+def test_output_owned_by_another_uid_is_refused(tmp_path: Path) -> None:
+    path = save_ones(tmp_path / "out" / "0.pt")
+    os.chown(path, 54321, 54321)
+    assert compare_file(tmp_path / "out", owner_uid=54321).correct
+    result = compare_file(tmp_path / "out", owner_uid=os.geteuid())
+    assert not result.correct and "owned by uid 54321" in result.message
+
+
+def test_oversized_output_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    with open(tmp_path / "out" / "0.pt", "wb") as handle:
+        handle.truncate(2 << 30)  # sparse: 2 GiB by size, no blocks on disk
+    tracemalloc.start()
+    try:
+        started = time.monotonic()
+        result = compare_file(tmp_path / "out", max_bytes=4 << 30)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    limit = output_size_limit(torch.ones(1), [])
+    assert not result.correct and result.message == f"trial 0: output file of {2 << 30} bytes, expected at most {limit}"
+    assert peak < 16 << 20 and time.monotonic() - started < 5
+
+
+def test_output_size_limit_follows_the_reference(tmp_path: Path) -> None:
+    expected, inputs = torch.ones(1 << 20), [torch.ones(1 << 18)]
+    limit = output_size_limit(expected, inputs)
+    assert (1 << 20) * 4 * 2 < limit < 12 << 20
+    write_trial(tmp_path / "out", 0, torch.ones(1 << 20), [torch.ones(1 << 18)])
+    assert compare_outputs(tmp_path / "out", [expected], [inputs], None, None, 1 << 30).correct
+    write_trial(tmp_path / "out", 0, [torch.ones(1 << 20), torch.zeros(3 << 20)], [torch.ones(1 << 18)])
+    result = compare_outputs(tmp_path / "out", [expected], [inputs], None, None, 1 << 30)
+    assert not result.correct and f"expected at most {limit}" in result.message
+
+
+def test_millions_of_leaves_from_a_small_file_are_refused_quickly(tmp_path: Path) -> None:
+    leaf = torch.ones(1)
+    many = [[[leaf] * 128] * 256] * 256  # 2**23 leaves; pickle stores each list and the tensor once
+    write_trial(tmp_path / "out", 0, many, [])
+    assert (tmp_path / "out" / "0.pt").stat().st_size < 64 << 10
+    started = time.monotonic()
+    result = compare_file(tmp_path / "out")
+    assert not result.correct and f"more than {MAX_LEAVES} outputs" in result.message
+    assert time.monotonic() - started < 2
+
+
+def test_deep_nesting_is_refused(tmp_path: Path) -> None:
+    deep: object = torch.ones(1)
+    for _ in range(MAX_DEPTH + 5):
+        deep = [deep]
+    write_trial(tmp_path / "out", 0, deep, [])
+    result = compare_file(tmp_path / "out")
+    assert not result.correct and "nested deeper" in result.message
+
+
+def test_pathologically_deep_pickle_is_incorrect_not_a_crash(tmp_path: Path) -> None:
+    depth = 200_000  # far past the recursion limit, built by pickle opcodes rather than by recursion
+    nested = b"]" * depth + b"a" * (depth - 1)
+    rewrite_pickle(tmp_path / "out" / "0.pt", b"\x80\x02}(" + text("outputs") + nested + text("inputs_after") + b"]u.")
+    result = compare_file(tmp_path / "out")
+    assert not result.correct and not result.timed_out and "nested deeper" in result.message
+    assert flatten(torch.load(tmp_path / "out" / "0.pt", weights_only=True)["inputs_after"]) == []
+
+
+def test_past_deadline_is_a_timeout(tmp_path: Path) -> None:
+    save_ones(tmp_path / "out" / "0.pt")
+    result = compare_file(tmp_path / "out", deadline=time.monotonic() - 1)
+    assert not result.correct and result.timed_out and result.message == "comparison exceeded the time limit"
+    assert compare_file(tmp_path / "out", deadline=time.monotonic() + 60).correct
+
+
+def test_deadline_is_checked_between_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_trial(tmp_path / "out", 0, torch.ones(64), [])
+    monkeypatch.setattr(compare_module, "CHUNK_ELEMENTS", 4)  # 16 chunks
+    calls = itertools.count()
+    monkeypatch.setattr(compare_module, "time", SimpleNamespace(monotonic=lambda: float(next(calls))))
+    assert compare_file(tmp_path / "out", torch.ones(64), deadline=1000.0).correct
+    calls = itertools.count()
+    result = compare_file(tmp_path / "out", torch.ones(64), deadline=8.0)
+    assert result.timed_out and not result.correct and next(calls) < 12
+
+
+def test_chunked_comparison_keeps_whole_tensor_semantics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(compare_module, "CHUNK_ELEMENTS", 3)
+    expected = torch.arange(10, dtype=torch.float32)
+    produced = expected.clone()
+    produced[1] += 1e-6
+    produced[8] += 2e-5
+    result = compare(tmp_path, expected, produced)
+    assert result.correct and result.max_abs_error == pytest.approx(2e-5, rel=0.1)
+    produced[9] = float("nan")
+    assert "NaN" in compare(tmp_path, expected, produced).message
+    produced[9], produced[2] = 9.0, 3.0
+    assert "differs" in compare(tmp_path, expected, produced).message
+
+
+def test_wrong_imaginary_part_is_incorrect(tmp_path: Path) -> None:
+    expected = torch.tensor([1 + 1j, 2 - 3j], dtype=torch.complex64)
+    assert compare(tmp_path, expected, expected.clone()).correct
+    result = compare(tmp_path, expected, torch.tensor([1 + 1j, 2 + 3j], dtype=torch.complex64))
+    assert not result.correct and "differs" in result.message
+    assert result.max_abs_error == pytest.approx(6.0)
+    assert compare(tmp_path, expected, expected + 1e-6j).correct  # complex64 gets float32's tolerance
+
+
+def test_conjugate_view_is_compared_by_value(tmp_path: Path) -> None:
+    expected = torch.tensor([1 + 1j, 2 - 3j])
+    assert compare(tmp_path, expected, expected.conj().conj()).correct
+    assert not compare(tmp_path, expected, expected.conj()).correct
+
+
+@pytest.mark.parametrize(
+    ("produced", "reason"),
+    [
+        (torch.tensor([1.0, 2.0, 4.0]).to_sparse(), "layout"),
+        (torch.nn.Parameter(torch.tensor([1.0, 2.0, 4.0])), "plain tensor"),
+        (torch.tensor([1.0]).expand(3), "overlapping"),
+        ({"a": torch.tensor([1.0, 2.0, 4.0])}, "dict"),
+        ([torch.tensor([1.0, 2.0, 4.0]), "text"], "str"),
+        (2**70, "64 bits"),
+    ],
+)
+def test_data_our_runner_never_writes_is_incorrect(tmp_path: Path, produced: object, reason: str) -> None:
+    result = compare(tmp_path, torch.tensor([1.0, 2.0, 4.0]), produced)
+    assert not result.correct and reason in result.message, result.message
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+def test_sparse_matrix_output_is_not_densified(tmp_path: Path) -> None:
+    expected = torch.eye(3)
+    for sparse in (expected.to_sparse(), expected.to_sparse_csr(), expected.to_sparse_csc()):
+        result = compare(tmp_path, expected, sparse)
+        assert not result.correct and "layout" in result.message, result.message
+
+
+def test_none_outputs_match_none(tmp_path: Path) -> None:
+    assert compare(tmp_path, [torch.ones(2), None], [torch.ones(2), None]).correct
+    assert "expected None" in compare(tmp_path, [torch.ones(2), None], [torch.ones(2), torch.ones(1)]).message
+
+
+@pytest.mark.parametrize("kind", ["legacy", "deflated", "garbage"])
+def test_files_torch_save_never_writes_are_unreadable(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "out" / "0.pt"
+    path.parent.mkdir()
+    payload = {"outputs": torch.ones(1), "inputs_after": []}
+    if kind == "legacy":
+        torch.save(payload, path, _use_new_zipfile_serialization=False)
+    elif kind == "deflated":
+        buffer = io.BytesIO()
+        torch.save(payload, buffer)
+        with zipfile.ZipFile(io.BytesIO(buffer.getvalue())) as source, zipfile.ZipFile(path, "w") as target:
+            for name in source.namelist():
+                target.writestr(name, source.read(name), compress_type=zipfile.ZIP_DEFLATED)
+        assert torch.load(path, weights_only=True)["outputs"] == 1  # torch itself would read it
+    else:
+        path.write_bytes(b"PK\x03\x04" + os.urandom(100))
+    result = compare_file(tmp_path / "out")
+    assert not result.correct and "unreadable" in result.message
+
+
+def test_mutated_input_with_nans_in_place_is_not_mutation(tmp_path: Path) -> None:
+    inputs = [torch.tensor([float("nan"), 1.0])]
+    assert not compare(tmp_path, torch.ones(1), torch.ones(1), inputs, [inputs[0].clone()]).input_mutation
+    assert compare(tmp_path, torch.ones(1), torch.ones(1), inputs, [torch.tensor([float("nan"), 2.0])]).input_mutation
+    assert compare(tmp_path, torch.ones(1), torch.ones(1), inputs, []).input_mutation
+
+
+def test_malformed_file_contents_are_incorrect(tmp_path: Path) -> None:
+    for content in ([1, 2], {"outputs": torch.ones(1)}, {"outputs": torch.ones(1), "inputs_after": 5}):
+        (tmp_path / "out").mkdir(exist_ok=True)
+        torch.save(content, tmp_path / "out" / "0.pt")
+        result = compare_file(tmp_path / "out")
+        assert not result.correct and "malformed" in result.message, content
+
+
+def test_flatten_is_bounded_and_ordered() -> None:
+    leaves = flatten([torch.zeros(1), (1, [2.5, None]), True])
+    assert [leaf if leaf is None else leaf.item() for leaf in leaves] == [0.0, 1, 2.5, None, True]
+    with pytest.raises(MalformedDataError, match="more than 3"):
+        flatten([1, 2, 3, 4], max_leaves=3)
+    with pytest.raises(MalformedDataError, match="deeper"):
+        flatten([[[1]]], max_depth=2)
+    assert len(flatten([[[1]]], max_depth=3)) == 1
+
+
+def text(value: str) -> bytes:
+    """Pickle BINUNICODE opcode for `value`."""
+    encoded = value.encode()
+    return b"X" + len(encoded).to_bytes(4, "little") + encoded
+
+
+def rewrite_pickle(path: Path, pickle_bytes: bytes) -> None:
+    """A torch.save archive whose data.pkl is `pickle_bytes` (written by hand: deeper than the pickler recurses)."""
+    buffer = io.BytesIO()
+    torch.save({"outputs": [], "inputs_after": []}, buffer)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(io.BytesIO(buffer.getvalue())) as source, zipfile.ZipFile(path, "w") as target:
+        for name in source.namelist():
+            target.writestr(name, pickle_bytes if name.endswith("/data.pkl") else source.read(name))
 
 
 def test_truncate_keeps_head_and_tail() -> None:
