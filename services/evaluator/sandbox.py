@@ -1,7 +1,18 @@
 """What a worker process gets: private directory, stripped environment, rlimits, and in `strict` isolation
-a network namespace of its own and an unprivileged uid.
+namespaces of its own (pid, IPC, mount, network), private world-writable directories and an unprivileged uid.
 
 `enter()` runs inside the child before any untrusted code; the rest runs in the service.
+
+Strict isolation splits the spawned process in two. The process the service started (its pid is the one the
+service knows) stays outside a new pid namespace as a root-owned relay: it waits for its only child and exits
+with the child's status (or dies by the same signal). The child is pid 1 of the new pid namespace and goes on as
+the worker. Both have PR_SET_PDEATHSIG=SIGKILL, so SIGKILL on the relay (the service's `kill_all`, or the
+service dying) kills the worker, and when the worker (pid 1) dies the kernel kills every process of its
+namespace: nothing a job starts, `setsid` daemons included, outlives it. pid 1 only gets signals it has a
+handler for, SIGKILL from outside excepted: SIGINT keeps Python's handler (KeyboardInterrupt), and SIGTERM,
+SIGHUP, SIGALRM, SIGUSR1 and SIGUSR2 get one that exits with 128 + the signal number. A worker's own abort()
+therefore ends in glibc's fallback, a SIGSEGV, instead of SIGABRT; faults (SIGSEGV, SIGBUS, SIGILL, SIGFPE)
+kill pid 1 as they kill any process.
 """
 
 from __future__ import annotations
@@ -12,6 +23,7 @@ import json
 import logging
 import os
 import resource
+import select
 import signal
 import stat
 import subprocess
@@ -28,12 +40,29 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x1000, 0x4000, 0x40000
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 # Shared scratch places replaced by an empty, small tmpfs in strict isolation.
 PRIVATE_TMPFS = ("/tmp", "/var/tmp", "/dev/shm")
+# Other places every user may write to, made private as well (a smaller tmpfs; a fresh mqueue fs on /dev/mqueue).
+SHARED_WRITABLE = ("/run/lock", "/var/lock", "/dev/mqueue")
+# Directories whose sticky, world-writable subdirectories (mode 1777, e.g. /var/crash) are made private too.
+SCAN_WRITABLE_IN = ("/", "/run", "/var", "/dev")
+MQUEUE_DIR = "/dev/mqueue"
+# System V IPC of a worker's own IPC namespace: 64 MiB of shared memory in all, few segments and queues.
+SHM_BYTES = 64 << 20
+IPC_LIMITS = {
+    "kernel/shmmax": SHM_BYTES,
+    "kernel/shmall": SHM_BYTES // resource.getpagesize(),
+    "kernel/shmmni": 32,
+    "kernel/msgmni": 32,
+}
+# Signals pid 1 of a worker's pid namespace exits on (it would ignore them without a handler).
+EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGALRM, signal.SIGUSR1, signal.SIGUSR2)
 
 # Variables a worker may inherit: locale, search paths and the knobs compilers and CUDA need.
 ENV_ALLOW = frozenset(
@@ -138,12 +167,47 @@ def _untraversable_ancestor(path: str) -> str | None:
     return None
 
 
+def _world_writable_dirs() -> tuple[str, ...]:
+    """Real paths of the shared writable directories: PRIVATE_TMPFS, SHARED_WRITABLE and every sticky,
+    world-writable directory one level below SCAN_WRITABLE_IN."""
+    found = [*PRIVATE_TMPFS, *SHARED_WRITABLE]
+    for parent in SCAN_WRITABLE_IN:
+        with contextlib.suppress(OSError), os.scandir(parent) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    if (
+                        entry.is_dir(follow_symlinks=False)
+                        and entry.stat(follow_symlinks=False).st_mode & 0o1777 == 0o1777
+                    ):
+                        found.append(entry.path)
+    real = (os.path.realpath(path) for path in found if os.path.isdir(path))
+    return tuple(dict.fromkeys(path for path in real if path != "/"))
+
+
+# Found once, when the service (and each worker) imports this module.
+PRIVATE_DIRS = _world_writable_dirs()
+
+
+def _private_mount(libc: ctypes.CDLL, directory: str) -> None:
+    """An empty filesystem of the worker's own over a shared writable directory."""
+    if directory == MQUEUE_DIR:
+        # POSIX message queues of the worker's IPC namespace, not the host's.
+        with contextlib.suppress(OSError):
+            _mount(libc, "mqueue", directory, "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            return
+    if directory in {os.path.realpath(d) for d in PRIVATE_TMPFS}:
+        _mount(libc, "tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m")
+    else:
+        _mount(libc, "tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=1777,size=4m,nr_inodes=1024")
+
+
 def isolate_filesystem(keep: list[str]) -> None:
-    """Private mount namespace: empty tmpfs over /tmp-like dirs and over unreadable parents of `keep`, then
-    every `keep` directory bind-mounted back at its own path. Runs as root, before the uid change."""
+    """Private mount namespace: empty tmpfs over world-writable dirs (PRIVATE_DIRS) and over unreadable parents
+    of `keep`, then every `keep` directory bind-mounted back at its own path. Runs as root, before the uid change."""
     libc = _libc()
     keep = sorted({os.path.realpath(p) for p in keep if os.path.isdir(p)}, key=len)
-    hide = {d for d in PRIVATE_TMPFS if os.path.isdir(d)} | {a for p in keep if (a := _untraversable_ancestor(p))}
+    private = {d for d in PRIVATE_DIRS if os.path.isdir(d)}
+    hide = private | {a for p in keep if (a := _untraversable_ancestor(p))}
     hide = {d for d in hide if not any(d.startswith(o + "/") for o in hide)}
     covered = [p for p in keep if any(p == d or p.startswith(d + "/") for d in hide)]
     roots = [p for p in covered if not any(p.startswith(o + "/") for o in covered)]
@@ -152,8 +216,10 @@ def isolate_filesystem(keep: list[str]) -> None:
     # Opened inside the new namespace (a bind source must belong to it), before the tmpfs hides them.
     fds = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in roots}
     for directory in sorted(hide, key=len):
-        mode = "1777,size=64m" if directory in PRIVATE_TMPFS else "755,size=1m"
-        _mount(libc, "tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode}")
+        if directory in private:
+            _private_mount(libc, directory)
+        else:
+            _mount(libc, "tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=1m")
     os.umask(0o022)
     for path, fd in fds.items():
         os.makedirs(path, exist_ok=True)
@@ -161,8 +227,82 @@ def isolate_filesystem(keep: list[str]) -> None:
         os.close(fd)
 
 
+def _exit_on_signal(signum: int, frame: object) -> None:
+    os._exit(128 + signum)
+
+
+def _die_like(status: int) -> None:
+    """End the calling process the way a child with wait status `status` ended: same exit code or signal."""
+    if not os.WIFSIGNALED(status):
+        os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+    signum = os.WTERMSIG(status)
+    if signum != signal.SIGKILL:
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(signum, signal.SIG_DFL)
+        with contextlib.suppress(OSError, ValueError):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)  # a signal whose default action does not end the process
+
+
+def _relay(child: int) -> None:
+    """The part outside the pid namespace: wait for the worker, end as it ended.
+
+    It reads nothing (stdin becomes /dev/null) but keeps its copy of every other descriptor the worker was
+    started with, the events pipe included: the service sees that pipe end only once the relay is exiting, with
+    its exit status already fixed, so a SIGKILL the service sends on seeing the end cannot replace the worker's
+    own exit code or signal. The pipe to the child (the lifeline) stays open until the relay exits."""
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+    try:
+        _, status = os.waitpid(child, 0)
+    except ChildProcessError:
+        os._exit(1)
+    _die_like(status)
+
+
+def enter_pid_namespace(libc: ctypes.CDLL) -> None:
+    """Move the caller into new pid and IPC namespaces: fork, and return in the child (pid 1 there). The parent
+    never returns: it relays the child's exit status (see the module docstring)."""
+    # The relay dies with the service; root, so no later uid change clears it.
+    _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+    _check(libc.unshare(CLONE_NEWPID | CLONE_NEWIPC), "unshare(CLONE_NEWPID | CLONE_NEWIPC)")
+    lifeline, lifeline_end = os.pipe()
+    child = os.fork()
+    if child != 0:
+        os.close(lifeline)
+        _relay(child)
+        os._exit(1)  # not reached
+    os.close(lifeline_end)
+    # Killed when the relay dies (set again after the uid change, which clears it); then the kernel kills every
+    # process of the namespace. EOF on the lifeline: the relay died before this was set.
+    _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+    if select.select([lifeline], [], [], 0)[0]:
+        os._exit(1)
+    os.close(lifeline)
+    for signum in EXIT_SIGNALS:
+        signal.signal(signum, _exit_on_signal)
+
+
+def mount_proc(libc: ctypes.CDLL) -> None:
+    """A procfs of the worker's own pid namespace on /proc (needs the private mount namespace)."""
+    _mount(libc, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+
+
+def limit_ipc() -> None:
+    """Small System V IPC limits in the worker's own IPC namespace (as root, through its own /proc)."""
+    for name, value in IPC_LIMITS.items():
+        Path("/proc/sys", name).write_text(f"{value}\n")
+
+
 def enter(spec: SandboxSpec) -> None:
-    """Apply the sandbox to the calling process (the worker, before it reads any job)."""
+    """Apply the sandbox to the calling process (the worker, before it reads any job).
+
+    In strict isolation the process forks here: the caller stays outside as the relay and never returns; the
+    worker goes on in the child (see the module docstring)."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (spec.max_file_bytes, spec.max_file_bytes))
     if spec.memory_bytes is not None:
@@ -170,9 +310,13 @@ def enter(spec: SandboxSpec) -> None:
     libc = _libc()
     if spec.strict:
         assert spec.uid is not None
-        _check(libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+        enter_pid_namespace(libc)
         reachable = [spec.home, *spec.keep_paths, sys.prefix, sys.base_prefix, sys.exec_prefix]
         isolate_filesystem(reachable + [p for p in sys.path if p and os.path.isabs(p)])
+        mount_proc(libc)
+        limit_ipc()
+        _check(libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+        # Counts the processes of the uid, this one (pid 1 of the namespace) included.
         resource.setrlimit(resource.RLIMIT_NPROC, (spec.max_processes, spec.max_processes))
         os.setgroups([])
         os.setgid(spec.uid)
@@ -185,12 +329,24 @@ def enter(spec: SandboxSpec) -> None:
 
 
 def probe_main() -> None:
-    """Child side of `strict_isolation_works`: exit 0 if, after `enter`, the interpreter can still import."""
+    """Child side of `strict_isolation_works`: exit 0 if, after `enter`, the interpreter can still import and the
+    process is pid 1 of its own pid namespace with its own /proc and its own, limited IPC namespace."""
     home, uid = sys.argv[2], int(sys.argv[3])
     enter(SandboxSpec(home=home, strict=True, uid=uid, memory_bytes=None, max_processes=64, max_file_bytes=1 << 20))
     import fractions  # noqa: F401 - a stdlib module not imported yet: proves the interpreter is still readable
 
-    sys.exit(0 if os.getuid() == uid and os.access(sys.base_prefix, os.R_OK | os.X_OK) else 1)
+    pids = sorted(int(name) for name in os.listdir("/proc") if name.isdigit())
+    checks = {
+        "uid": os.getuid() == uid,
+        "interpreter readable": os.access(sys.base_prefix, os.R_OK | os.X_OK),
+        "pid 1": os.getpid() == 1,
+        f"own /proc (sees pids {pids[:10]})": pids == [1],
+        "shmmax": Path("/proc/sys/kernel/shmmax").read_text().strip() == str(SHM_BYTES),
+    }
+    failed = [name for name, ok in checks.items() if not ok]
+    if failed:
+        sys.stderr.write(f"strict isolation probe failed: {', '.join(failed)}\n")
+    sys.exit(1 if failed else 0)
 
 
 def strict_isolation_works(uid: int) -> bool:
@@ -246,7 +402,7 @@ def write_readonly_file(path: Path, data: bytes) -> None:
     os.chmod(path, 0o444)
 
 
-def _processes_of(uid: int | None, root_pids: list[int]) -> list[psutil.Process]:
+def processes_of(uid: int | None, root_pids: list[int]) -> list[psutil.Process]:
     import psutil  # service side only; workers never import it
 
     found: dict[int, psutil.Process] = {}
@@ -272,7 +428,7 @@ def kill_all(uid: int | None, root_pid: int, rounds: int = 50) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(root_pid, signal.SIGKILL)
     for _ in range(rounds):
-        procs = _processes_of(uid, [root_pid])
+        procs = processes_of(uid, [root_pid])
         procs = [proc for proc in procs if _alive(proc)]
         if not procs:
             return
@@ -285,7 +441,7 @@ def kill_all(uid: int | None, root_pid: int, rounds: int = 50) -> None:
 def resident_bytes(uid: int | None, root_pid: int) -> int:
     """Resident memory of a job: its worker, the worker's children and, in strict isolation, its uid's processes."""
     total = 0
-    for proc in _processes_of(uid, [root_pid]):
+    for proc in processes_of(uid, [root_pid]):
         with contextlib.suppress(Exception):
             total += proc.memory_info().rss
     return total
