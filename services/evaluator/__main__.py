@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
 import logging
 import sys
 
 from services.evaluator.config import Settings
 from shared.serving import is_loopback
+
+PR_SET_DUMPABLE = 4
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -21,6 +24,9 @@ def main(argv: list[str] | None = None) -> None:
     if not is_loopback(args.host) and settings.token_value is None:
         sys.exit(f"refusing to bind {args.host}: set EVALUATOR_TOKEN to serve beyond loopback")
     settings = settings.model_copy(update={"host": args.host, "port": args.port, "workers": args.workers})
+    # Not dumpable: /proc/<service>/environ (the token) and ptrace are then root's alone, also for a candidate that
+    # runs under the service's own uid (`process` isolation).
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     # Imported only now: refusing a bad bind should not wait for torch to load.
     import uvicorn
 

@@ -23,16 +23,14 @@ HACK_FLAGS = frozenset(
         "input_mutation",
         "result_tampering",
         "implausible_timing",
-        # GPU-only checks (gpu_checks.py)
-        "side_stream",
-        "lazy_output",
-        "beyond_physical_bound",
         "stale_output",
+        # GPU only (gpu_checks.py)
+        "beyond_physical_bound",
     }
 )
-# Flags about style only; reported, never rejecting unless listed in `reject_flags`.
-STYLE_FLAGS = frozenset({"try_except_fallback"})
-ALL_FLAGS = HACK_FLAGS | STYLE_FLAGS
+# Flags that say how a verdict was reached; reported, never rejecting unless listed in `reject_flags`.
+ADVISORY_FLAGS = frozenset({"try_except_fallback", "timed_by_judge"})
+ALL_FLAGS = HACK_FLAGS | ADVISORY_FLAGS
 
 
 def service_version() -> str:
@@ -63,7 +61,11 @@ class Settings(BaseSettings):
         ge=1,
         description="torch intra-op threads of each worker (timings are per worker).",
     )
-    build_workers: int = Field(2, ge=1, description="Extension builds that run at once, over all workers.")
+    build_workers: int = Field(
+        default_factory=lambda: max(2, _cpu_count() // 2),
+        ge=1,
+        description="Extension builds that run at once (builder workers); one nvcc build keeps about one core busy.",
+    )
     build_jobs: int = Field(default_factory=_cpu_count, ge=1, description="MAX_JOBS given to ninja per build.")
     default_timeout_s: float = Field(300.0, gt=0, le=3600, description="Wall-clock limit when a request sets none.")
     memory_limit_mb: int = Field(6144, ge=1024, description="Address-space limit of a CPU worker (RLIMIT_AS).")
@@ -93,7 +95,10 @@ class Settings(BaseSettings):
     )
     message_chars: int = Field(4000, ge=200, description="Longest `message` in a result.")
     min_sample_ms: float = Field(
-        1.0, gt=0, description="CPU timing: calls are repeated until one sample lasts this long."
+        5.0,
+        gt=0,
+        description="A timed sample (a block of calls the judge times from outside) lasts at least this long; "
+        "longer samples leave a false report less room.",
     )
     reference_cache_size: int = Field(
         32, ge=0, description="Reference outputs kept per (reference, seed, trials, device)."

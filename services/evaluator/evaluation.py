@@ -1,36 +1,67 @@
-"""One evaluation, start to finish: static checks, reference worker, candidate worker, comparison, verdict."""
+"""One evaluation, start to finish, run by the judge: the service process, which the candidate cannot reach.
+
+Static checks, the reference worker (inputs and expected outputs), the candidate worker (its extension builds
+done by a trusted builder), comparison, and timing against a reference timer worker: every command is sent by
+the judge, every reply checked, and every timed block of calls measured from outside as well. See
+docs/evaluator.md for the threat model.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
+import math
+import os
+import random
 import secrets
+import signal
+import statistics
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from services.evaluator import build_cache
+from services.evaluator import build_cache, gpu_checks
 from services.evaluator.backends import BACKENDS, get_backend, resolve_device
-from services.evaluator.compare import compare_outputs, load_data
+from services.evaluator.compare import Comparison, compare_outputs, load_data
 from services.evaluator.config import HACK_FLAGS, Settings
 from services.evaluator.metrics import Metrics
 from services.evaluator.pool import QueueFullError, Worker, WorkerPool, WorkerStartError
-from services.evaluator.sandbox import read_regular_file, write_readonly_file
+from services.evaluator.safe_files import read_file_beneath
+from services.evaluator.sandbox import write_readonly_file
 from services.evaluator.static_checks import check_candidate, reference_problems
-from services.evaluator.verdict import CandidateRun, candidate_result, truncate
+from services.evaluator.verdict import CandidateRun, TimingResult, candidate_result, truncate
 from shared.contracts import EvaluateRequest, EvaluationResult, EvaluationStatus
 
 log = logging.getLogger(__name__)
 
-# GPU-profile problems move 1 GiB tensors (plus the pickle header) per trial.
-MAX_DATA_BYTES = 4 << 30
 # Reference outputs larger than this are not kept in memory between requests.
 MAX_CACHED_REFERENCE_BYTES = 256 << 20
+# The reference draws one input set more than the correctness trials: the candidate sees it only after timing.
+RECHECK_SETS = 1
+# Share of timed candidate blocks whose output (of one call, chosen after the block) is checked; the last always is.
+CHECK_PROBABILITY = 0.25
+# The candidate's time not explained by its report may exceed the reference's (median per block) by this share of
+# the block's wall time plus this many seconds, or by less than chance under load allows (a one-sided rank test at
+# this z, about p = 0.001); more means work the report hides (another stream, a false report).
+UNEXPLAINED_SHARE = 0.05
+UNEXPLAINED_SLACK_S = 0.0002
+UNEXPLAINED_Z = 3.09
+# Timing rounds: while the judge's noise is too large against the candidate's blocks, the next round has longer
+# blocks; an implausible-timing flag stands only in the last round it reaches.
+TIMING_ROUNDS = 3
+# The room a report has below the judge's clock, as a share of the candidate's own time per block, at most.
+MAX_ROOM_SHARE = 0.25
+# A worker's input sets for timing take at most 1/this of its memory limit.
+TIMING_SETS_MEMORY_SHARE = 8
+# Most calls in one timed block.
+MAX_BLOCK_CALLS = 10_000
 
 
 class InvalidRequestError(ValueError):
@@ -66,9 +97,9 @@ class Evaluator:
         self.pool = pool
         self.metrics = metrics
         self._references: OrderedDict[str, ReferenceData] = OrderedDict()
-        # References being computed: requests for the same (reference, seed) wait for one run instead of each
-        # starting a worker (a trainer sends a whole GRPO group with one seed at once).
-        self._computing: dict[str, asyncio.Future[ReferenceData]] = {}
+        # Runs in progress, shared by concurrent requests for the same thing: a reference (a trainer sends a whole
+        # GRPO group with one seed at once) or an extension build (a group often writes one kernel).
+        self._computing: dict[str, asyncio.Future[Any]] = {}
 
     def validate(self, request: EvaluateRequest) -> str:
         """Raise InvalidRequestError for a request that cannot be evaluated; return the backend name to use."""
@@ -132,24 +163,20 @@ class Evaluator:
             deadline = started + (request.timeout_s or self.settings.default_timeout_s)
             reference = await self._reference(request, device, seed, deadline)
             phases = {"queued": started - queued_at, "reference": time.monotonic() - started}
-            run = await self._run_candidate(request, device, seed, deadline, reference, check.flags)
+            judge = Judge(self, request, device, seed, deadline, reference, check.flags)
+            run = await judge.run()
         result = candidate_result(run, self.settings.reject_flags, self.settings.message_chars)
         return result.model_copy(
             update={
-                "device": result.device or reference.device,
+                "device": reference.device,
                 "torch_version": reference.torch_version,
-                "phases_s": {name: round(seconds, 4) for name, seconds in {**phases, **run.phases()}.items()},
+                "phases_s": {name: round(seconds, 4) for name, seconds in {**phases, **run.phases}.items()},
             }
         )
 
-    async def _reference(self, request: EvaluateRequest, device: str, seed: int, deadline: float) -> ReferenceData:
-        key = hashlib.sha256(
-            f"{device}\0{seed}\0{request.correctness_trials}\0{request.reference_source}".encode()
-        ).hexdigest()
+    async def shared(self, key: str, compute: Callable[[], Any]) -> Any:
+        """Await `compute()` once per key among concurrent callers (a cancelled first caller hands it on)."""
         while True:
-            if key in self._references:
-                self._references.move_to_end(key)
-                return self._references[key]
             pending = self._computing.get(key)
             if pending is None:
                 break
@@ -158,11 +185,10 @@ class Evaluator:
             except asyncio.CancelledError:
                 if not pending.cancelled():
                     raise  # this request was cancelled, not the one computing
-                # the request computing it went away: look again, compute it here if nobody else does
-        computing: asyncio.Future[ReferenceData] = asyncio.get_running_loop().create_future()
+        computing: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._computing[key] = computing
         try:
-            reference = await self._run_reference(request, device, seed, deadline)
+            value = await compute()
         except asyncio.CancelledError:
             computing.cancel()
             raise
@@ -171,25 +197,33 @@ class Evaluator:
             computing.exception()  # retrieved: nobody may be waiting
             raise
         else:
-            computing.set_result(reference)
+            computing.set_result(value)
         finally:
             del self._computing[key]
+        return value
+
+    async def _reference(self, request: EvaluateRequest, device: str, seed: int, deadline: float) -> ReferenceData:
+        trials = request.correctness_trials + RECHECK_SETS
+        key = hashlib.sha256(f"{device}\0{seed}\0{trials}\0{request.reference_source}".encode()).hexdigest()
+        if key in self._references:
+            self._references.move_to_end(key)
+            return self._references[key]
+        reference: ReferenceData = await self.shared(
+            f"reference:{key}", lambda: self._run_reference(request, device, seed, trials, deadline)
+        )
         if 0 < reference.size <= MAX_CACHED_REFERENCE_BYTES and self.settings.reference_cache_size > 0:
             self._references[key] = reference
             while len(self._references) > self.settings.reference_cache_size:
                 self._references.popitem(last=False)
         return reference
 
-    async def _run_reference(self, request: EvaluateRequest, device: str, seed: int, deadline: float) -> ReferenceData:
+    async def _run_reference(
+        self, request: EvaluateRequest, device: str, seed: int, trials: int, deadline: float
+    ) -> ReferenceData:
         if self.metrics is not None:
             self.metrics.reference_runs.inc()
-        job = {
-            "role": "reference",
-            "reference_source": request.reference_source,
-            "seed": seed,
-            "trials": request.correctness_trials,
-        }
-        async with self.pool.worker(device) as worker:
+        job = {"role": "reference", "reference_source": request.reference_source, "seed": seed, "trials": trials}
+        async with self.pool.worker(device, self.pool.placement(device)) as worker:
             await worker.send(job)
             outcome = await worker.finish(deadline)
             error = worker.find("error")
@@ -198,104 +232,496 @@ class Evaluator:
             if error is not None or worker.find("result") is None:
                 detail = error.get("message", "") if error else f"{outcome.describe_exit()}\n{outcome.stdio_tail}"
                 raise EvaluatorFailure(f"the reference failed: {detail}")
-            return await asyncio.to_thread(self._read_reference, worker, request.correctness_trials)
+            return await asyncio.to_thread(self._read_reference, worker, trials)
 
     def _read_reference(self, worker: Worker, trials: int) -> ReferenceData:
         result = worker.find("result") or {}
+        limit = self.settings.max_file_mb << 20
+
+        def read(name: str) -> bytes:
+            return read_file_beneath(worker.root, f"home/{name}", limit, worker.uid)
+
         try:
-            input_bytes = [read_regular_file(worker.home / f"inputs_{t}.pt", MAX_DATA_BYTES) for t in range(trials)]
-            expected = [
-                load_data(read_regular_file(worker.home / f"expected_{t}.pt", MAX_DATA_BYTES)) for t in range(trials)
-            ]
-            init_bytes = read_regular_file(worker.home / "init.pt", MAX_DATA_BYTES)
+            input_bytes = [read(f"inputs_{t}.pt") for t in range(trials)]
+            expected = [load_data(read(f"expected_{t}.pt")) for t in range(trials)]
+            init_bytes = read("init.pt")
             inputs = [load_data(data) for data in input_bytes]
         except Exception as exc:
             raise EvaluatorFailure(f"the reference's outputs are unreadable: {type(exc).__name__}: {exc}") from exc
         return ReferenceData(
-            init_bytes,
-            input_bytes,
-            inputs,
-            expected,
-            str(result.get("device", "")),
-            str(result.get("torch_version", "")),
+            init_bytes, input_bytes, inputs, expected, str(result.get("device", "")), str(result.get("torch_version"))
         )
 
-    async def _run_candidate(
+
+@dataclass
+class Block:
+    """One timed block as the judge saw it: the calls' set names, the reported milliseconds, the wall time."""
+
+    calls: list[str]
+    ms: list[float]
+    wall_s: float
+
+    @property
+    def unexplained_s(self) -> float:
+        return self.wall_s - sum(self.ms) / 1e3
+
+    @property
+    def per_call_ms(self) -> float:
+        return sum(self.ms) / len(self.ms)
+
+
+class CandidateFailure(Exception):  # noqa: N818 - ends the candidate's run; the verdict comes from what was seen
+    """The candidate's worker stopped answering the judge (it died, raised, or its time ran out)."""
+
+
+class Judge:
+    """Runs one candidate against one reference: the sequence of commands and every check on the replies."""
+
+    def __init__(
         self,
+        evaluator: Evaluator,
         request: EvaluateRequest,
         device: str,
         seed: int,
         deadline: float,
         reference: ReferenceData,
         static_flags: list[str],
-    ) -> CandidateRun:
-        job = {
-            "role": "candidate",
-            "candidate_source": request.candidate_source,
-            "reference_source": request.reference_source,
-            "seed": seed,
-            "trials": request.correctness_trials,
-            "timing_trials": request.timing_trials,
-            "warmup_trials": request.warmup_trials,
-            "min_sample_ms": self.settings.min_sample_ms,
-            "require_custom_kernel": request.require_custom_kernel,
-        }
+    ) -> None:
+        self.evaluator, self.request, self.device, self.seed = evaluator, request, device, seed
+        self.deadline, self.reference = deadline, reference
+        self.run_state = CandidateRun(static_flags=list(static_flags))
+        self.pool, self.settings = evaluator.pool, evaluator.settings
+        self.gpu = self.pool.placement(device)
+        self.checks = 0
+        self.builds = 0
+        # The workers timed against each other: while one runs a block, the other is stopped.
+        self.pair: list[Worker] = []
+
+    @property
+    def trials(self) -> int:
+        return self.request.correctness_trials
+
+    @property
+    def timing_sets(self) -> int:
+        """Input sets the timed calls cycle through: every correctness set whose inputs fit an eighth of a
+        worker's memory limit together (each worker holds the sets it is timed on)."""
+        set_bytes = max(1, max(len(data) for data in self.reference.input_bytes))
+        budget = (self.settings.memory_limit_mb << 20) // TIMING_SETS_MEMORY_SHARE
+        return max(1, min(self.trials, budget // set_bytes))
+
+    async def run(self) -> CandidateRun:
+        state = self.run_state
         asked_at = time.monotonic()
-        async with self.pool.worker(device) as worker:
-            await asyncio.to_thread(_hand_over_inputs, worker, reference)
-            job_sent_at = time.monotonic()  # before the send: the worker may answer before send() returns
-            await worker.send(job)
-            written = await worker.wait_for({"outputs_written"}, deadline)
-            comparison, go_sent_at, timed, compare_s = None, None, False, None
-            if written is not None:
-                compare_started = time.monotonic()
-                comparison = await asyncio.to_thread(
-                    compare_outputs,
-                    worker.home / "out",
-                    reference.expected,
-                    reference.inputs,
-                    request.atol,
-                    request.rtol,
-                    MAX_DATA_BYTES,
+        async with self.pool.worker(self.device, self.gpu) as candidate:
+            await asyncio.to_thread(_hand_over, candidate, self.reference, range(self.trials))
+            job_sent_at = time.monotonic()
+            state.phases["startup"] = job_sent_at - asked_at
+            await candidate.send(
+                {"role": "candidate", "candidate_source": self.request.candidate_source, "seed": self.seed,
+                 "trials": self.trials}
+            )  # fmt: skip
+            try:
+                await self._correctness(candidate, job_sent_at)
+                if self._should_time():
+                    await self._time_against_reference(candidate)
+                await candidate.send({"op": "exit"})
+                done = await candidate.expect({"done"}, self.deadline)
+                if done is not None:
+                    state.replaced |= _names(done.get("replaced"))
+            except CandidateFailure:
+                # The judge has seen enough (a wrong reply, an error, an exit): end the worker now.
+                ended_early = time.monotonic() < self.deadline
+            else:
+                ended_early = False
+            state.outcome = await candidate.finish(time.monotonic() if ended_early else self.deadline)
+            if ended_early:
+                state.outcome.timed_out = False
+            state.events = list(candidate.events)
+        return state
+
+    async def _correctness(self, candidate: Worker, job_sent_at: float) -> None:
+        state = self.run_state
+        event = await self._serve_builds(candidate, {"compiled", "error"})
+        state.phases["build"] = time.monotonic() - job_sent_at
+        if event is None or event["event"] != "compiled":
+            raise CandidateFailure
+        state.compiled = True
+        async with self._device():
+            run_sent_at = time.monotonic()
+            await candidate.send({"op": "run"})
+            written = await self._serve_builds(candidate, {"outputs_written", "error"})
+            state.phases["correctness"] = time.monotonic() - run_sent_at
+        if written is None or written["event"] != "outputs_written":
+            raise CandidateFailure
+        state.replaced |= _names(written.get("replaced"))
+        compare_started = time.monotonic()
+        state.comparison = await asyncio.to_thread(
+            compare_outputs,
+            candidate.root / "home" / "out",
+            self.reference.expected[: self.trials],
+            self.reference.inputs[: self.trials],
+            self.request.atol,
+            self.request.rtol,
+            self.settings.max_file_mb << 20,
+            deadline=self.deadline,
+            owner_uid=candidate.uid,
+            trusted_root=candidate.root,
+        )
+        state.phases["compare"] = time.monotonic() - compare_started
+
+    def _should_time(self) -> bool:
+        state = self.run_state
+        hacked = bool(state.replaced) or (state.comparison is not None and state.comparison.input_mutation)
+        return (
+            state.comparison is not None
+            and state.comparison.correct
+            and self.request.timing_trials > 0
+            and (not hacked)
+        )
+
+    async def _serve_builds(self, candidate: Worker, until: set[str]) -> dict[str, Any] | None:
+        """Wait for one of `until`, building the extensions the candidate asks for meanwhile."""
+        while True:
+            event = await candidate.expect({"build_request", *until}, self.deadline)
+            if event is None or event["event"] != "build_request":
+                return event
+            reply = await self._build(event)
+            await candidate.send(reply)
+
+    async def _build(self, event: dict[str, Any]) -> dict[str, Any]:
+        """Build (or find in the cache) what the candidate asked for; the reply it gets on its channel."""
+        self.builds += 1
+        if self.builds > build_cache.MAX_BUILDS:
+            return {"error": f"more than {build_cache.MAX_BUILDS} extension builds in one evaluation"}
+        try:
+            kind, arguments = build_cache.parse_request(event, self.device)
+        except build_cache.BuildRequestError as error:
+            return {"error": str(error)}
+        arch = await asyncio.to_thread(build_cache.service_arch, self.device)
+        key = build_cache.cache_key(kind, arguments, arch)
+        cache_dir = self.settings.cache_dir
+        path = build_cache.cached_library(cache_dir, key)
+        if path is not None:
+            self.run_state.cache_hits += 1
+        else:
+            try:
+                path = await self.evaluator.shared(f"build:{key}", lambda: self._run_builder(kind, arguments, key))
+            except build_cache.BuildRequestError as error:
+                return {"error": str(error)}
+        return {"path": str(path), "name": build_cache.library_name(key)}
+
+    async def _run_builder(self, kind: str, arguments: dict[str, Any], key: str) -> Path:
+        """Compile in a builder worker of its own; the time spent waiting for a build slot is not the candidate's."""
+        waited = time.monotonic()
+        async with self.pool.build_slot():
+            self._extend("build_queue", time.monotonic() - waited)
+            path = build_cache.cached_library(self.settings.cache_dir, key)
+            if path is not None:
+                return path
+            async with self.pool.worker(self.device, self.gpu) as builder:
+                await builder.send({"role": "build", "kind": kind, "arguments": arguments, "key": key})
+                event = await builder.expect({"built", "error"}, self.deadline)
+                outcome = await builder.finish(self.deadline)
+                if event is None or event["event"] != "built":
+                    detail = event.get("message", "") if event else f"the build {outcome.describe_exit()}"
+                    raise build_cache.BuildRequestError(str(detail)[-20_000:])
+                files = event.get("files")
+                return await asyncio.to_thread(
+                    build_cache.publish,
+                    self.settings.cache_dir,
+                    builder.root,
+                    builder.uid,
+                    key,
+                    files if isinstance(files, list) else [],
                 )
-                compare_s = time.monotonic() - compare_started
-                hacked = bool(written.get("replaced")) or comparison.input_mutation
-                timed = comparison.correct and request.timing_trials > 0 and not hacked
-                go_sent_at = time.monotonic()
-                await worker.send({"time": timed})
-            outcome = await worker.finish(deadline)
-            run = CandidateRun(
-                list(worker.events),
-                outcome,
-                comparison,
-                timed,
-                go_sent_at,
-                list(static_flags),
-                startup_s=job_sent_at - asked_at,
-                job_sent_at=job_sent_at,
-                compare_s=compare_s,
+
+    def _extend(self, phase: str, seconds: float) -> None:
+        """Time the candidate waited for the service (a build slot, the GPU) is added to its deadline."""
+        self.deadline += seconds
+        self.run_state.phases[phase] = self.run_state.phases.get(phase, 0.0) + seconds
+
+    @contextlib.asynccontextmanager
+    async def _device(self) -> AsyncIterator[None]:
+        """Hold this evaluation's GPU alone while models run on it (no lock on CPU)."""
+        if self.gpu is None:
+            yield
+            return
+        waited = time.monotonic()
+        async with self.pool.gpu_locks[self.gpu]:
+            self._extend("device_wait", time.monotonic() - waited)
+            yield
+
+    async def _time_against_reference(self, candidate: Worker) -> None:
+        timing_started = time.monotonic()
+        self.run_state.timing_started = True
+        async with self._device(), self.pool.worker(self.device, self.gpu) as timer:
+            await asyncio.to_thread(_hand_over, timer, self.reference, range(self.trials))
+            await timer.send({"role": "timer", "reference_source": self.request.reference_source, "seed": self.seed})
+            ready = await timer.expect({"ready_to_time", "error"}, self.deadline)
+            self.pair = [candidate, timer]
+            if ready is None or ready["event"] != "ready_to_time":
+                detail = (ready or {}).get("message") or "the reference timer did not start"
+                raise EvaluatorFailure(f"the reference could not be timed: {detail}")
+            kernels = await self._profile(candidate) if self.request.require_custom_kernel else None
+            calls = await self._warm_up(candidate, timer)
+            for round_index in range(TIMING_ROUNDS):
+                blocks = await self._timed_blocks(candidate, timer, calls)
+                timing = judge_timing(blocks, self.reference, ready, self.request, kernels)
+                last = round_index == TIMING_ROUNDS - 1
+                if last or "stale_output" in self.run_state.flags:
+                    break
+                growth = block_growth(blocks)
+                if growth > 1 and calls < MAX_BLOCK_CALLS:
+                    # The judge's clock cannot yet tell the candidate's blocks from its own noise: longer blocks.
+                    calls = min(MAX_BLOCK_CALLS, math.ceil(calls * growth))
+                elif "implausible_timing" not in timing.flags:
+                    # A burst of load can hit most blocks of one round; a false report is seen in every round.
+                    break
+            await self._recheck(candidate)
+            await timer.send({"op": "exit"})
+        self.run_state.phases["timing"] = time.monotonic() - timing_started
+        self.run_state.timing = timing
+
+    async def _warm_up(self, candidate: Worker, timer: Worker) -> int:
+        """Warm both up; the calls per block that make the reference's block last `min_sample_ms`."""
+        warmup = [str(i % self.timing_sets) for i in range(max(1, self.request.warmup_trials))]
+        reference_warm = await self._block(timer, warmup)
+        await self._block(candidate, warmup)
+        # Both sides run blocks of the same calls, sized from the reference's (trusted) time, so the time the
+        # judge sees beyond the reported times has the same parts on both sides (the pipe, the refills).
+        per_call_ms = max(1e-4, min(reference_warm.ms))  # the first calls are cold
+        return max(1, min(MAX_BLOCK_CALLS, math.ceil(self.settings.min_sample_ms / per_call_ms)))
+
+    async def _timed_blocks(self, candidate: Worker, timer: Worker, calls: int) -> dict[str, list[Block]]:
+        """`timing_trials` blocks of `calls` calls on each side, alternating which goes first; after some of the
+        candidate's blocks, one call's output is checked."""
+        sets = self.timing_sets
+        blocks: dict[str, list[Block]] = {"reference": [], "candidate": []}
+        for index in range(self.request.timing_trials):
+            names = [str((index * calls + i) % sets) for i in range(calls)]
+            order = ("reference", "candidate") if index % 2 == 0 else ("candidate", "reference")
+            for role in order:
+                worker = timer if role == "reference" else candidate
+                blocks[role].append(await self._block(worker, names))
+            last = index == self.request.timing_trials - 1
+            if last or random.random() < CHECK_PROBABILITY:
+                call = random.randrange(calls)
+                if not await self._check(candidate, call, int(names[call])):
+                    self.run_state.flags["stale_output"] = (
+                        f"the output of timed call {call} of block {index} was wrong (an answer cached or computed "
+                        "before its inputs changed)"
+                    )
+                    break
+        return blocks
+
+    async def _block(self, worker: Worker, names: list[str], fresh: bool = False) -> Block:
+        """One block of timed calls; the other worker of the pair is stopped meanwhile (see _paused)."""
+        nonce = secrets.token_hex(8)
+        async with self._paused(worker):
+            sent_at = time.monotonic()
+            await worker.send({"op": "block", "calls": names, "nonce": nonce, "fresh": fresh})
+            reply = await worker.expect({"block", "error"}, self.deadline)
+            wall_s = time.monotonic() - sent_at
+        if reply is None or reply["event"] == "error":
+            raise CandidateFailure
+        ms = reply.get("ms")
+        if (
+            reply.get("nonce") != nonce
+            or not isinstance(ms, list)
+            or len(ms) != len(names)
+            or not all(isinstance(v, int | float) and math.isfinite(v) and v >= 0 for v in ms)
+        ):
+            self.run_state.flags["result_tampering"] = "a timing reply the judge did not ask for, or malformed"
+            raise CandidateFailure
+        return Block(names, [float(v) for v in ms], wall_s)
+
+    @contextlib.asynccontextmanager
+    async def _paused(self, active: Worker) -> AsyncIterator[None]:
+        """Stop every other worker of this evaluation's process groups (SIGSTOP) while `active` runs, so a
+        candidate's threads or queued work cannot slow the reference down while it is timed."""
+        others = [w for w in self.pair if w is not active and w.proc.returncode is None]
+        for worker in others:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(worker.proc.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for worker in others:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(worker.proc.pid, signal.SIGCONT)
+
+    async def _check(self, candidate: Worker, call: int, trial: int) -> bool:
+        """Ask for one call's output of the last block and compare it with the reference's on that input set."""
+        self.checks += 1
+        nonce = secrets.token_hex(8)
+        await candidate.send({"op": "save", "call": call, "check": self.checks, "nonce": nonce})
+        reply = await candidate.expect({"saved", "error"}, self.deadline)
+        if reply is None or reply["event"] == "error":
+            raise CandidateFailure
+        if reply.get("nonce") != nonce:
+            self.run_state.flags["result_tampering"] = "a save reply the judge did not ask for"
+            raise CandidateFailure
+        comparison = await asyncio.to_thread(
+            compare_outputs,
+            candidate.root / "home" / "checks" / str(self.checks),
+            [self.reference.expected[trial]],
+            [[]],
+            self.request.atol,
+            self.request.rtol,
+            self.settings.max_file_mb << 20,
+            deadline=self.deadline,
+            owner_uid=candidate.uid,
+            trusted_root=candidate.root,
+        )
+        if comparison.timed_out:
+            raise CandidateFailure
+        return comparison.correct
+
+    async def _recheck(self, candidate: Worker) -> None:
+        """After timing: the set the candidate never saw, in the very buffers it was timed on."""
+        if "stale_output" in self.run_state.flags:
+            return
+        recheck = self.trials  # the reference's extra set
+        await asyncio.to_thread(_hand_over_one, candidate, self.reference, recheck)
+        await self._block(candidate, [str(recheck)], fresh=True)
+        if not await self._check(candidate, 0, recheck):
+            self.run_state.flags["stale_output"] = "wrong answer on new inputs in the buffers that were timed"
+
+    async def _profile(self, candidate: Worker) -> list[str] | None:
+        if self.device != "cuda":
+            return None
+        nonce = secrets.token_hex(8)
+        await candidate.send({"op": "profile", "set": "0", "nonce": nonce})
+        reply = await candidate.expect({"profiled", "error"}, self.deadline)
+        if reply is None or reply["event"] == "error" or reply.get("nonce") != nonce:
+            raise CandidateFailure
+        kernels = reply.get("kernels")
+        return [k for k in kernels if isinstance(k, str)] if isinstance(kernels, list) else []
+
+
+def hides_work(reference: list[Block], candidate: list[Block]) -> bool:
+    """Whether the candidate's blocks leave more time unexplained by their report than the reference's do, beyond
+    chance and beyond the slack.
+
+    Both sides run the same calls on the same buffers, so what the judge's clock sees beyond the reported times
+    (the pipe, refills, being scheduled) has one distribution on both sides; load moves single blocks, not the
+    ranks of all of them. A one-sided Mann-Whitney test (normal approximation) asks whether the candidate's blocks
+    rank above the reference's in nearly every pair, and the median difference must exceed the slack too."""
+    ours = [b.unexplained_s for b in candidate]
+    theirs = [b.unexplained_s for b in reference]
+    n, m = len(ours), len(theirs)
+    wins = sum(1.0 if c > r else 0.5 if c == r else 0.0 for c in ours for r in theirs)
+    spread = math.sqrt(n * m * (n + m + 1) / 12)
+    z = (wins - n * m / 2 - 0.5) / spread if spread else 0.0
+    excess = statistics.median(ours) - statistics.median(theirs)
+    slack = UNEXPLAINED_SHARE * statistics.median(b.wall_s for b in candidate) + UNEXPLAINED_SLACK_S
+    return z > UNEXPLAINED_Z and excess > slack
+
+
+def judge_room_s(reference: list[Block], clocked_s: float) -> float:
+    """Seconds per block by which a report may fall short of the judge's clock unseen: twice the median absolute
+    deviation of the reference's overhead (its process is honest, so this is noise), 5 %, and the slack."""
+    overhead = statistics.median(b.unexplained_s for b in reference)
+    jitter = statistics.median(abs(b.unexplained_s - overhead) for b in reference)
+    return 2 * jitter + UNEXPLAINED_SHARE * clocked_s + UNEXPLAINED_SLACK_S
+
+
+def block_growth(blocks: dict[str, list[Block]]) -> float:
+    """How much longer blocks must be for the room a report has to be at most a quarter of the candidate's own
+    time per block (1 when it already is): a report can then claim at most a third more speed than it has."""
+    reference, candidate = blocks["reference"], blocks["candidate"]
+    if not reference or not candidate:
+        return 1.0
+    overhead = statistics.median(b.unexplained_s for b in reference)
+    clocked = max(1e-6, statistics.median(b.wall_s - overhead for b in candidate))
+    room = judge_room_s(reference, clocked)
+    return 1.0 if room <= MAX_ROOM_SHARE * clocked else min(16.0, room / (MAX_ROOM_SHARE * clocked) * 1.5)
+
+
+def judge_clocked_ms(reference: list[Block], candidate: list[Block]) -> list[float] | None:
+    """The candidate's per-call samples by the judge's clock, where its report is faster than that clock allows.
+
+    A block's wall time less the reference's median overhead (the pipe, the refills: the same on both sides) is an
+    estimate of the candidate's time for the block. A report below it by more than the noise (twice the median
+    absolute deviation of the reference's overhead), 5 % and the slack is not believed, and the judge's
+    estimate replaces it. None when the report holds."""
+    overhead = statistics.median(b.unexplained_s for b in reference)
+    reported = statistics.median(sum(b.ms) / 1e3 for b in candidate)
+    clocked = statistics.median(b.wall_s - overhead for b in candidate)
+    if reported >= clocked - judge_room_s(reference, clocked):
+        return None
+    return [max(0.0, b.wall_s - overhead) * 1e3 / len(b.ms) for b in candidate]
+
+
+def judge_timing(
+    blocks: dict[str, list[Block]],
+    reference: ReferenceData,
+    ready: dict[str, Any],
+    request: EvaluateRequest,
+    kernels: list[str] | None,
+) -> TimingResult:
+    """Per-call milliseconds of each side (one sample per block) and the flags the judge's clock raises."""
+    ref_blocks, cand_blocks = blocks["reference"], blocks["candidate"]
+    flags: dict[str, str] = {}
+    if ref_blocks and cand_blocks:
+        if any(b.unexplained_s < -1e-3 for b in cand_blocks):
+            flags["implausible_timing"] = "the reported times exceed the time that elapsed"
+        elif hides_work(ref_blocks, cand_blocks):
+            flags["implausible_timing"] = (
+                f"the judge's clock leaves {statistics.median(b.unexplained_s for b in cand_blocks) * 1e3:.3f} ms "
+                "per block (median) unexplained by the candidate's reported times, against "
+                f"{statistics.median(b.unexplained_s for b in ref_blocks) * 1e3:.3f} ms for the reference, in "
+                "nearly every pair of blocks: work off the timed stream, or a false report"
             )
-            if comparison is not None and comparison.correct and not HACK_FLAGS & set(run.flags()[0]):
-                await asyncio.to_thread(self._publish_builds, worker)
-        return run
+    candidate_ms = [b.per_call_ms for b in cand_blocks]
+    if ref_blocks and cand_blocks and "implausible_timing" not in flags:
+        clocked = judge_clocked_ms(ref_blocks, cand_blocks)
+        if clocked is not None:
+            candidate_ms = clocked
+            flags["timed_by_judge"] = (
+                "the candidate's reported times are faster than the judge's clock allows; its samples are the "
+                "judge's (each block's wall time less the reference's median overhead, per call)"
+            )
+    bandwidth = ready.get("bandwidth_gbs")
+    if isinstance(bandwidth, int | float) and bandwidth > 0 and candidate_ms:
+        floor = gpu_checks.physical_floor_ms(reference.inputs[0], float(bandwidth))
+        median = statistics.median(candidate_ms)
+        if gpu_checks.beyond_physical_bound(median, floor, 0.5):
+            flags["beyond_physical_bound"] = (
+                f"{median:.4f} ms is under half the {floor:.4f} ms it takes to read the inputs once at "
+                f"{bandwidth:.0f} GB/s"
+            )
+    if kernels is not None:
+        own = gpu_checks.own_kernel_names(request.candidate_source)
+        if not gpu_checks.launches_own_kernel(kernels, own):
+            flags["no_custom_kernel"] = (
+                f"launched only {', '.join(kernels[:8]) or 'no kernels'}; own kernels: {', '.join(sorted(own)) or 'none'}"
+            )
+    return TimingResult(
+        reference_ms=[b.per_call_ms for b in ref_blocks],
+        candidate_ms=candidate_ms,
+        calls_per_sample=len(cand_blocks[0].ms) if cand_blocks else 0,
+        flags=flags,
+        device=str(ready.get("device", "")),
+    )
 
-    def _publish_builds(self, worker: Worker) -> None:
-        for event in worker.events:
-            if event.get("event") == "built" and isinstance(event.get("files"), dict):
-                if not build_cache.publish(
-                    self.settings.cache_dir, worker.home / "build", str(event.get("key")), event["files"]
-                ):
-                    log.warning("build %s was not published to the cache", event.get("key"))
 
-
-def _hand_over_inputs(worker: Worker, reference: ReferenceData) -> None:
-    """Give the candidate its inputs (never the expected outputs), in files it can read but not change."""
+def _hand_over(worker: Worker, reference: ReferenceData, trials: range) -> None:
+    """Give a worker its inputs (never the expected outputs), in files it can read but not change."""
     inputs_dir = worker.home / "inputs"
     inputs_dir.mkdir(mode=0o755)
     write_readonly_file(inputs_dir / "init.pt", reference.init_bytes)
-    for trial, data in enumerate(reference.input_bytes):
-        write_readonly_file(inputs_dir / f"inputs_{trial}.pt", data)
+    for trial in trials:
+        write_readonly_file(inputs_dir / f"inputs_{trial}.pt", reference.input_bytes[trial])
     inputs_dir.chmod(0o555)
+
+
+def _hand_over_one(worker: Worker, reference: ReferenceData, trial: int) -> None:
+    write_readonly_file(worker.home / "inputs" / f"inputs_{trial}.pt", reference.input_bytes[trial])
+
+
+def _names(value: Any) -> set[str]:
+    return {name for name in value if isinstance(name, str)} if isinstance(value, list) else set()
 
 
 def _nbytes(value: Any) -> int:
@@ -308,3 +734,6 @@ def _nbytes(value: Any) -> int:
 
 def _bare(status: EvaluationStatus, message: str, flags: list[str] | None = None) -> EvaluationResult:
     return EvaluationResult(status=status, compiled=False, correct=False, message=message, flags=flags or [])
+
+
+__all__ = ["HACK_FLAGS", "Comparison", "Evaluator", "EvaluatorFailure", "InvalidRequestError"]

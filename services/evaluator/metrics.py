@@ -51,4 +51,4 @@ class Metrics:
         if result.cache_hit:
             self.cache_hits.inc()
         for phase, seconds in result.phases_s.items():
-            self.phase_seconds.labels(phase=phase).inc(seconds)  # never negative: see CandidateRun.phases()
+            self.phase_seconds.labels(phase=phase).inc(seconds)  # the judge's clock: never negative

@@ -34,6 +34,14 @@ STARTUP_TIMEOUT_S = 120.0
 WORK_DIR_PREFIX = "kernel-agent-evaluator-"
 MAX_EVENT_BYTES = 16 << 20
 STDIO_TAIL_BYTES = 16_384
+# Nice value of workers while they start and wait idle: below every evaluation that is being timed.
+IDLE_NICE = 10
+
+
+def uid_count(workers: int) -> int:
+    """Sandbox uids a service with `workers` slots may hold at once: per slot, two idle workers, the reference,
+    candidate, timer and builder workers of a running evaluation, and the replacements being spawned."""
+    return 10 * workers + 8
 
 
 class QueueFullError(RuntimeError):
@@ -80,6 +88,8 @@ class Worker:
     reader: asyncio.Task[None] | None = None
     exit_watch: asyncio.Task[None] | None = None
     memory_exceeded_mb: int | None = None
+    gpu: str | None = None
+    cursor: int = 0
 
     async def send(self, message: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
@@ -89,6 +99,30 @@ class Worker:
 
     def find(self, name: str) -> dict[str, Any] | None:
         return next((event for event in self.events if event.get("event") == name), None)
+
+    async def expect(self, names: set[str], deadline: float, nonce: str | None = None) -> dict[str, Any] | None:
+        """The next event named in `names` after those already expected (carrying `nonce` if given); None once
+        the worker exited, stopped talking or the deadline passed. Events in between are skipped: a candidate
+        can write any line on its channel, so a reply counts only where the judge asked for one."""
+        drained = False
+        while True:
+            for index in range(self.cursor, len(self.events)):
+                event = self.events[index]
+                if event.get("event") in names and (nonce is None or event.get("nonce") == nonce):
+                    self.cursor = index + 1
+                    return event
+            if self.eof or drained or time.monotonic() >= deadline:
+                return None
+            if self.proc.returncode is not None:
+                # Exit counts, not only EOF (children a job forked may hold the pipe open); read what is left.
+                drained = True
+                if self.reader is not None:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(self.reader), 0.5)
+                continue
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), deadline - time.monotonic())
 
     async def wait_for(self, names: set[str], deadline: float) -> dict[str, Any] | None:
         """First event named in `names`; None once the worker exited, stopped talking or the deadline passed."""
@@ -193,25 +227,42 @@ class WorkerPool:
         _remove_stale_work_dirs(Path(settings.work_dir or tempfile.gettempdir()))
         self.work_dir = Path(tempfile.mkdtemp(prefix=f"{WORK_DIR_PREFIX}{os.getpid()}-", dir=settings.work_dir))
         os.chmod(self.work_dir, 0o711)
-        self.uids = sandbox.UidPool(settings.sandbox_uid_base, 4 * settings.workers + 4) if strict else None
+        self.uids = sandbox.UidPool(settings.sandbox_uid_base, uid_count(settings.workers)) if strict else None
         self._slots = asyncio.Semaphore(settings.workers)
-        self._idle: dict[str, list[Worker]] = {}
+        self._idle: dict[tuple[str, str | None], list[Worker]] = {}
         self._active: set[Worker] = set()
         self._refill: set[asyncio.Task[None]] = set()
         self._counter = itertools.count()
         self.waiting = 0
         self.running = 0
-        build_cache.prepare(settings.cache_dir, settings.build_workers)
-        self._gpus = itertools.cycle(_visible_gpus() or ["0"])
+        build_cache.prepare(settings.cache_dir)
+        self.gpus = _visible_gpus() or ["0"]
+        self._next_gpu = itertools.cycle(self.gpus)
+        # The judge holds a GPU's lock while models run on it, so timings never share a GPU; builds go on meanwhile.
+        self.gpu_locks = {gpu: asyncio.Lock() for gpu in self.gpus}
+        self._builds = asyncio.Semaphore(settings.build_workers)
         self._pch_build = _start_pch_build(settings.cache_dir)
 
+    def placement(self, device: str) -> str | None:
+        """The GPU an evaluation's workers share (round robin), None on CPU."""
+        return next(self._next_gpu) if device == "cuda" else None
+
     async def prespawn(self, device: str) -> None:
-        """Fill the idle list of `device` up to one worker per slot."""
+        """Fill the idle lists of `device` up to two workers (a candidate and a reference timer) per slot."""
         if not self.settings.prespawn:
             return
-        idle = self._idle.setdefault(device, [])
-        while len(idle) < self.settings.workers:
-            idle.append(await self._spawn(device))
+        gpus: list[str | None] = list(self.gpus) if device == "cuda" else [None]
+        per_key = -(-2 * self.settings.workers // len(gpus))
+        for gpu in gpus:
+            idle = self._idle.setdefault((device, gpu), [])
+            while len(idle) < per_key:
+                idle.append(await self._spawn(device, gpu))
+
+    @contextlib.asynccontextmanager
+    async def build_slot(self) -> AsyncIterator[None]:
+        """One of `build_workers` extension builds; held by the service, out of every candidate's reach."""
+        async with self._builds:
+            yield
 
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
@@ -231,9 +282,10 @@ class WorkerPool:
             self._slots.release()
 
     @contextlib.asynccontextmanager
-    async def worker(self, device: str) -> AsyncIterator[Worker]:
-        """A ready, unused worker for `device`; killed and removed on exit, and a fresh one spawned to replace it."""
-        worker = await self._take(device)
+    async def worker(self, device: str, gpu: str | None = None) -> AsyncIterator[Worker]:
+        """A ready, unused worker for `device` (on `gpu`); killed and removed on exit, and a fresh one spawned to
+        replace it."""
+        worker = await self._take(device, gpu)
         self._active.add(worker)
         watchdog = asyncio.create_task(_watch_memory(worker, self.settings.memory_limit_mb))
         try:
@@ -243,8 +295,8 @@ class WorkerPool:
             self._active.discard(worker)
             await self._dispose(worker)
 
-    async def _take(self, device: str) -> Worker:
-        idle = self._idle.setdefault(device, [])
+    async def _take(self, device: str, gpu: str | None) -> Worker:
+        idle = self._idle.setdefault((device, gpu), [])
         worker = None
         while idle and worker is None:
             candidate = idle.pop(0)
@@ -253,17 +305,19 @@ class WorkerPool:
             else:
                 await self._dispose(candidate)
         if worker is None:
-            worker = await self._spawn(device)
+            worker = await self._spawn(device, gpu)
         if self.settings.prespawn:
-            task = asyncio.create_task(self._refill_one(device))
+            task = asyncio.create_task(self._refill_one(device, gpu))
             self._refill.add(task)
             task.add_done_callback(self._refill.discard)
         await self._wait_ready(worker)
+        if os.geteuid() == 0:
+            await asyncio.to_thread(_renice, worker, 0)
         return worker
 
-    async def _refill_one(self, device: str) -> None:
+    async def _refill_one(self, device: str, gpu: str | None) -> None:
         try:
-            self._idle.setdefault(device, []).append(await self._spawn(device))
+            self._idle.setdefault((device, gpu), []).append(await self._spawn(device, gpu))
         except Exception:
             log.exception("could not spawn an idle %s worker", device)
 
@@ -275,14 +329,14 @@ class WorkerPool:
             detail = event.get("message", "") if event else "no answer"
             raise WorkerStartError(f"worker did not start: {detail}"[-2000:])
 
-    def _child_env(self, home: Path, device: str, threads: int) -> dict[str, str]:
+    def _child_env(self, home: Path, gpu: str | None, threads: int) -> dict[str, str]:
         env = sandbox.child_env(home, self.settings.build_jobs, threads)
-        if device == "cuda":
-            # One GPU per worker, round robin; the worker sees it as cuda:0.
-            env["CUDA_VISIBLE_DEVICES"] = next(self._gpus)
+        if gpu is not None:
+            # One GPU per worker; the worker sees it as cuda:0.
+            env["CUDA_VISIBLE_DEVICES"] = gpu
         return env
 
-    async def _spawn(self, device: str) -> Worker:
+    async def _spawn(self, device: str, gpu: str | None = None) -> Worker:
         from services.evaluator.backends import get_backend
 
         uid = self.uids.lease() if self.uids is not None else None
@@ -322,11 +376,16 @@ class WorkerPool:
                 stderr=stdio,
                 cwd=home,
                 pass_fds=(write_fd,),
-                env=self._child_env(home, device, threads),
+                env=self._child_env(home, gpu, threads),
                 start_new_session=True,
             )
         os.close(write_fd)
-        worker = Worker(proc=proc, device=device, root=root, home=home, uid=uid)
+        if os.geteuid() == 0:
+            # Idle workers start (import torch) behind the evaluations that run: only root can undo a nice value,
+            # which _take does when the worker gets a job.
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, proc.pid, IDLE_NICE)
+        worker = Worker(proc=proc, device=device, root=root, home=home, uid=uid, gpu=gpu)
         loop = asyncio.get_running_loop()
         stream = asyncio.StreamReader(limit=MAX_EVENT_BYTES, loop=loop)
         await loop.connect_read_pipe(
@@ -359,6 +418,15 @@ class WorkerPool:
         shutil.rmtree(self.work_dir, ignore_errors=True)
         if self._pch_build is not None and self._pch_build.poll() is None:
             self._pch_build.terminate()
+
+
+def _renice(worker: Worker, nice: int) -> None:
+    """Set the nice value of every thread of the worker's processes."""
+    for proc in sandbox.processes_of(worker.uid, [worker.proc.pid]):
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{proc.pid}/task"):
+                with contextlib.suppress(OSError):
+                    os.setpriority(os.PRIO_PROCESS, int(task), nice)
 
 
 def _visible_gpus() -> list[str]:

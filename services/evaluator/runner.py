@@ -1,6 +1,16 @@
-"""The two jobs a worker runs: the reference (inputs and expected outputs) and the candidate (outputs, timing).
+"""The jobs a worker runs, one per process: the reference's data, a candidate, the reference timed, or a build.
 
-Runs inside the sandboxed worker process only; see the threat model in `worker.py`.
+Runs inside the sandboxed worker process only; see the threat model in docs/evaluator.md. The service is the
+judge: it sends every command, measures how long each took from outside, and checks what comes back. Nothing
+here decides a verdict.
+
+Roles:
+- `reference`: draw every trial's inputs with the reference's `get_inputs`, run `Model`, save inputs and outputs.
+- `candidate`: import the candidate (its extension builds are requested from the service), write its outputs
+  on the correctness inputs, then serve timing commands.
+- `timer`: the reference model, served with the same timing commands in a process of its own, so a candidate
+  can never reach the model it is timed against.
+- `build`: compile one extension the candidate asked for; nothing of the candidate is imported.
 """
 
 from __future__ import annotations
@@ -8,14 +18,11 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import math
 import os
 import random
-import statistics
 import sys
-import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -28,9 +35,12 @@ from services.evaluator import build_cache, gpu_checks, pch
 from services.evaluator.backends import KernelBackend, get_backend, triton_support
 from services.evaluator.guards import Guard
 
-# Bound before any candidate code runs: these are what the outputs are written and read with.
+# Bound before any candidate code runs: what outputs are written and inputs read and refilled with.
 _save = torch.save
 _load = torch.load
+_copy = torch.Tensor.copy_
+_Tensor = torch.Tensor
+_no_grad = torch.no_grad
 
 
 @dataclass
@@ -40,9 +50,12 @@ class WorkerContext:
     cache_dir: Path
     threads: int
     emit: Callable[..., None]
+    control: IO[str]
 
     @classmethod
-    def start(cls, device: str, threads: int, cache_dir: str, emit: Callable[..., None]) -> WorkerContext:
+    def start(
+        cls, device: str, threads: int, cache_dir: str, emit: Callable[..., None], control: IO[str]
+    ) -> WorkerContext:
         torch.set_num_threads(threads)
         backend = get_backend(device)
         if not backend.available():
@@ -58,26 +71,17 @@ class WorkerContext:
         dynamo.mutation_guard.install_generation_tagging_init()
         if backend.name == "cuda" and triton_support.available():
             importlib.import_module("triton.language")
-        return cls(backend, Path.cwd(), Path(cache_dir), threads, emit)
+        return cls(backend, Path.cwd(), Path(cache_dir), threads, emit, control)
 
-    @contextlib.contextmanager
-    def exclusive_device(self) -> Iterator[None]:
-        """Hold the GPU alone while running models (builds of other workers go on meanwhile); reports the wait."""
-        exclusive = getattr(self.backend, "exclusive", None)
-        if exclusive is None:
-            yield
-            return
-        asked = time.monotonic()
-        with exclusive(self.cache_dir / "locks"):
-            self.emit("device_acquired", wait_s=time.monotonic() - asked)
-            yield
+    def command(self) -> dict[str, Any]:
+        """The judge's next command; an empty dict when the service closed the pipe."""
+        line = self.control.readline()
+        return json.loads(line) if line.strip() else {}
 
 
-def run_job(context: WorkerContext, job: dict[str, Any], control: IO[str]) -> None:
-    if job["role"] == "reference":
-        run_reference(context, job)
-    else:
-        run_candidate(context, job, control)
+def run_job(context: WorkerContext, job: dict[str, Any]) -> None:
+    roles = {"reference": run_reference, "candidate": run_candidate, "timer": run_timer, "build": run_build}
+    roles[job["role"]](context, job)
 
 
 def seed_everything(seed: int) -> None:
@@ -98,18 +102,23 @@ def load_source(name: str, source: str, path: Path) -> ModuleType:
     return module
 
 
-def to_plain(value: Any) -> Any:
-    """Detached CPU copy of outputs/inputs with tensor subclasses stripped, so only plain data is saved."""
+def to_plain(value: Any, exact: bool = False) -> Any:
+    """Detached CPU copy of outputs/inputs with tensor subclasses stripped, so only plain data is saved.
+
+    `exact`: refuse anything but `torch.Tensor` itself; a subclass or proxy could compute only when it is read,
+    after the timed call returned."""
     if isinstance(value, torch.Tensor):
-        return torch.Tensor.as_subclass(value.detach(), torch.Tensor).to("cpu", copy=True)
+        if exact and type(value) is not _Tensor:
+            raise TypeError(f"model returned a {type(value).__name__}, not a plain torch.Tensor")
+        return _Tensor.as_subclass(value.detach(), _Tensor).to("cpu", copy=True)
     if isinstance(value, list | tuple):
-        return [to_plain(item) for item in value]
+        return [to_plain(item, exact) for item in value]
     if value is None or isinstance(value, bool | int | float):
         return value
     raise TypeError(f"model returned a {type(value).__name__}; expected tensors, numbers or tuples of them")
 
 
-def clone_inputs(values: Sequence[Any]) -> list[Any]:
+def clone_inputs(values: list[Any]) -> list[Any]:
     return [value.clone() if isinstance(value, torch.Tensor) else value for value in values]
 
 
@@ -122,7 +131,7 @@ def run_reference(context: WorkerContext, job: dict[str, Any]) -> None:
     seed_everything(seed)
     model = module.Model(*init_inputs).to(backend.device_string())
     _save(to_plain(init_inputs), context.home / "init.pt")
-    with torch.no_grad(), context.exclusive_device():
+    with torch.no_grad():
         for trial in range(job["trials"]):
             seed_everything(seed + 1 + trial)
             inputs = _draw_inputs(backend, module, model, seed + 1 + trial, signed=trial % 2 == 1)
@@ -142,123 +151,157 @@ def _draw_inputs(backend: KernelBackend, module: ModuleType, model: Any, seed: i
     return gpu_checks.device_inputs(module.get_inputs, seed, backend.device_string(), signed=False)
 
 
-def _build_candidate(context: WorkerContext, job: dict[str, Any], init_inputs: list[Any]) -> torch.nn.Module | None:
-    try:
-        module = load_source("kernel_candidate", job["candidate_source"], context.home / "candidate.py")
-        seed_everything(job["seed"])
-        return module.ModelNew(*init_inputs).to(context.backend.device_string())
-    except BaseException:
-        context.emit("error", stage="compile", message=traceback.format_exc(chain=False))
-        return None
-
-
 def _load_inputs(path: Path) -> list[Any]:
     """One trial's inputs, memory-mapped copy-on-write: pages are read as the device copy or the model touches them,
     and a candidate writing into its inputs changes only this process's pages, never the file."""
     return _load(path, weights_only=True, mmap=True)
 
 
-def _write_outputs(context: WorkerContext, model: torch.nn.Module, input_paths: list[Path]) -> bool:
-    """Run every correctness trial and save its outputs; one trial's inputs are in memory at a time, so GPU-sized
-    problems fit the worker's memory limit."""
+def run_candidate(context: WorkerContext, job: dict[str, Any]) -> None:
+    """Build ModelNew, write its outputs on the correctness inputs when told to, then serve timing commands."""
+    guard = Guard()
+    loader = build_cache.install(context.backend.name, context.emit, context.control)
+    inputs_dir = context.home / "inputs"
+    init_inputs = _load(inputs_dir / "init.pt", weights_only=True)
+    try:
+        module = load_source("kernel_candidate", job["candidate_source"], context.home / "candidate.py")
+        seed_everything(job["seed"])
+        model = module.ModelNew(*init_inputs).to(context.backend.device_string())
+    except BaseException:
+        context.emit("error", stage="compile", message=traceback.format_exc(chain=False))
+        return
+    loader.closed = True
+    context.emit("compiled")
+    if context.command().get("op") != "run":
+        return
     out_dir = context.home / "out"
     out_dir.mkdir()
     try:
         with torch.no_grad():
-            for trial, path in enumerate(input_paths):
-                args = context.backend.prepare_inputs(_load_inputs(path))
+            for trial in range(job["trials"]):
+                # One trial's inputs in memory at a time, so GPU-sized problems fit the worker's memory limit.
+                args = context.backend.prepare_inputs(_load_inputs(inputs_dir / f"inputs_{trial}.pt"))
                 outputs = model(*args)
                 context.backend.synchronize()
                 _save({"outputs": to_plain(outputs), "inputs_after": to_plain(args)}, out_dir / f"{trial}.pt")
     except BaseException:
         context.emit("error", stage="run", message=traceback.format_exc())
-        return False
-    return True
-
-
-def run_candidate(context: WorkerContext, job: dict[str, Any], control: IO[str]) -> None:
-    """Build ModelNew, write its outputs for the service to compare, then (if told to) time it against Model."""
-    guard = Guard()
-    loader = build_cache.install(context.cache_dir, context.home / "build", context.backend.name, context.emit)
-    inputs_dir = context.home / "inputs"
-    init_inputs = _load(inputs_dir / "init.pt", weights_only=True)
-    input_paths = [inputs_dir / f"inputs_{t}.pt" for t in range(job["trials"])]
-    model = _build_candidate(context, job, init_inputs)
-    if model is None:
         return
-    context.emit("compiled", cache_hit=loader.hits > 0 and loader.builds == 0)
-    with context.exclusive_device():
-        if not _write_outputs(context, model, input_paths):
-            return
     context.emit("outputs_written", replaced=guard.replaced())
-    command = control.readline()
-    if not command.strip() or not json.loads(command).get("time"):
-        context.emit("result", replaced=guard.replaced())
-        return
-    try:
-        with context.exclusive_device():
-            timing = time_against_reference(context, job, model, init_inputs, _load_inputs(input_paths[0]))
-    except BaseException:
-        context.emit("error", stage="timing", message=traceback.format_exc())
-        return
-    context.emit("result", replaced=guard.replaced(), **timing)
+    serve_timing(context, model, guard)
 
 
-def _repeat(fn: Callable[..., Any], reps: int) -> Callable[..., Any]:
-    def repeated(*args: Any) -> None:
-        for _ in range(reps):
-            fn(*args)
-
-    return repeated
-
-
-def _calibrate(backend: KernelBackend, fn: Callable[..., Any], args: Sequence[Any], min_sample_ms: float) -> int:
-    """Calls per sample, so that one sample lasts at least `min_sample_ms` (perf_counter noise stays small)."""
-    single_ms = statistics.median(backend.time_calls(fn, args, 3))
-    return max(1, min(10_000, math.ceil(min_sample_ms / max(single_ms, 1e-4))))
-
-
-def time_against_reference(
-    context: WorkerContext, job: dict[str, Any], model: torch.nn.Module, init_inputs: list[Any], inputs: list[Any]
-) -> dict[str, Any]:
-    """Warm up, then time reference and candidate sample by sample, alternating, on the same inputs."""
-    backend = context.backend
-    reference = load_source("kernel_reference", job["reference_source"], context.home / "reference.py")
+def run_timer(context: WorkerContext, job: dict[str, Any]) -> None:
+    """The reference model, timed on the judge's commands exactly as the candidate is."""
+    module = load_source("kernel_reference", job["reference_source"], context.home / "reference.py")
+    init_inputs = _load(context.home / "inputs" / "init.pt", weights_only=True)
     seed_everything(job["seed"])
-    ref_model = reference.Model(*init_inputs).to(backend.device_string())
-    if backend.name == "cuda":
-        return gpu_checks.time_and_check(
-            backend,
-            ref_model,
-            model,
-            reference.get_inputs,
-            job,
-            job["candidate_source"],
-            job.get("bound_fraction", 0.5),
-        )
-    torch.set_num_threads(context.threads)
-    ref_args = backend.prepare_inputs(clone_inputs(inputs))
-    cand_args = backend.prepare_inputs(clone_inputs(inputs))
-    samples: dict[str, list[float]] = {"reference": [], "candidate": []}
-    reps: dict[str, int] = {}
-    with torch.no_grad():
-        for _ in range(job["warmup_trials"]):
-            ref_model(*ref_args)
-            model(*cand_args)
-        backend.synchronize()
-        calls = {"reference": (ref_model, ref_args), "candidate": (model, cand_args)}
-        for role, (fn, args) in calls.items():
-            reps[role] = _calibrate(backend, fn, args, job["min_sample_ms"])
-        repeated = {role: _repeat(fn, reps[role]) for role, (fn, _) in calls.items()}
-        for trial in range(job["timing_trials"]):
-            # Sample by sample, alternating which goes first, so load changes hit both alike.
-            for role in ("reference", "candidate") if trial % 2 == 0 else ("candidate", "reference"):
-                (ms,) = backend.time_calls(repeated[role], calls[role][1], 1)
-                samples[role].append(ms / reps[role])
-    return {
-        "reference_samples": samples["reference"],
-        "candidate_samples": samples["candidate"],
-        "reference_reps": reps["reference"],
-        "candidate_reps": reps["candidate"],
-        "device": backend.describe(),
-    }
+    model = module.Model(*init_inputs).to(context.backend.device_string())
+    fields: dict[str, Any] = {}
+    if context.backend.name == "cuda":
+        fields["bandwidth_gbs"] = gpu_checks.measure_bandwidth_gbs(context.backend.device_string())
+    context.emit("ready_to_time", device=context.backend.describe(), **fields)
+    serve_timing(context, model, None)
+
+
+class InputSets:
+    """Input sets by name (files the service handed over), and one set of buffers every call reads from.
+
+    Before each call the buffers are refilled with the named set's values: the candidate always sees the same
+    tensor objects and data pointers holding different data, so an answer cached per buffer is stale."""
+
+    def __init__(self, context: WorkerContext) -> None:
+        self.context = context
+        self.sets: dict[str, list[Any]] = {}
+        self.buffers: list[Any] | None = None
+
+    def refill(self, name: str) -> list[Any]:
+        if name not in self.sets:
+            path = self.context.home / "inputs" / f"inputs_{name}.pt"
+            self.sets[name] = self.context.backend.prepare_inputs(_load_inputs(path))
+        values = self.sets[name]
+        if self.buffers is None:
+            self.buffers = clone_inputs(values)
+        for index, value in enumerate(values):
+            if isinstance(value, torch.Tensor):
+                _copy(self.buffers[index], value)
+            else:
+                self.buffers[index] = value
+        self.context.backend.synchronize()
+        return self.buffers
+
+
+def serve_timing(context: WorkerContext, model: Any, guard: Guard | None) -> None:
+    """Answer the judge's commands until it says `exit` or closes the pipe.
+
+    `block`: one timed call per named input set, each on refilled buffers; the reply carries every call's
+    milliseconds and the judge's nonce. The judge times the whole block from outside and keeps the reported
+    numbers only where its own clock agrees. `save`: write the output of one call of the last block, chosen by
+    the judge after the block ended, for it to check. Correctness checks and timed calls go through this one
+    path, so a candidate cannot tell which of its calls are checked."""
+    backend = context.backend
+    inputs = InputSets(context)
+    outputs: list[Any] = []
+    outputs_like: list[Any] | None = None
+    while True:
+        command = context.command()
+        op = command.get("op")
+        if op == "block":
+            outputs = []
+            times = []
+            try:
+                with _no_grad():
+                    if command.get("fresh"):
+                        # The re-check: the timing sets are no longer needed, and the freed blocks of the outputs'
+                        # sizes are poisoned on a GPU (an output never written then reads as NaN).
+                        inputs.sets.clear()
+                        if backend.name == "cuda" and outputs_like is not None:
+                            gpu_checks.poison_freed_blocks(outputs_like, backend.device_string())
+                    for name in command["calls"]:
+                        args = inputs.refill(str(name))
+                        milliseconds, out = backend.time_call(model, args)
+                        times.append(milliseconds)
+                        outputs.append(out)
+            except BaseException:
+                context.emit("error", stage="timing", message=traceback.format_exc())
+                return
+            context.emit("block", nonce=command["nonce"], ms=times)
+        elif op == "save":
+            try:
+                produced = to_plain(outputs[int(command["call"])], exact=True)
+                check_dir = context.home / "checks" / str(int(command["check"]))
+                check_dir.mkdir(parents=True)
+                _save({"outputs": produced, "inputs_after": []}, check_dir / "0.pt")
+            except BaseException:
+                context.emit("error", stage="timing", message=traceback.format_exc())
+                return
+            context.emit("saved", nonce=command["nonce"])
+        elif op == "profile":
+            launched = gpu_checks.launched_kernel_names(model, inputs.refill(str(command["set"])))
+            context.emit("profiled", nonce=command["nonce"], kernels=launched)
+        else:
+            context.emit("done", replaced=guard.replaced() if guard is not None else [])
+            return
+        outputs_like = _output_tensors(outputs)
+
+
+def _output_tensors(outputs: list[Any]) -> list[Any] | None:
+    """Shapes and dtypes (meta tensors) of the last call's output: poisoned before a re-check (gpu_checks)."""
+    if not outputs:
+        return None
+    last = outputs[-1]
+    items = list(last) if isinstance(last, list | tuple) else [last]
+    return [torch.empty(t.shape, dtype=t.dtype, device="meta") for t in items if isinstance(t, torch.Tensor)]
+
+
+def run_build(context: WorkerContext, job: dict[str, Any]) -> None:
+    """Compile the extension the service was asked for, without loading it: loading would run its static
+    initialisers here, in the process whose output the service publishes."""
+    with contextlib.suppress(FileExistsError):
+        (context.home / "build").mkdir()
+    try:
+        files, light = build_cache.build(job, context.home / "build", context.backend.name, context.cache_dir)
+    except BaseException as error:
+        context.emit("error", stage="compile", message=f"{type(error).__name__}: {error}")
+        return
+    context.emit("built", files=files, light_headers=light)

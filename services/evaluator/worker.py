@@ -1,38 +1,8 @@
-"""Worker process: runs one reference or one candidate job, then exits. Started by `pool.py`, never reused.
+"""Worker process: runs one job (reference, candidate, timer or build), then exits. Started by `pool.py`, never reused.
 
-Threat model. The candidate (and the reference) are arbitrary Python, possibly written to fool the reward.
-
-Covered:
-- Crashes and faults (segfault, abort, `os._exit`, illegal memory access) end this process only; the service
-  sees the signal or exit code and answers `crashed`. The next job gets a fresh process.
-- Endless loops and sleeps: the service kills the whole process group (and, in strict isolation, every process
-  of the job's uid) at the wall-clock limit and answers `timeout`.
-- Memory: RLIMIT_AS on CPU workers turns a huge allocation into an exception (`runtime_error`); a watchdog of
-  the job's resident memory (the only memory limit of CUDA workers) kills a job over the limit (`crashed`).
-- Fork loops: RLIMIT_NPROC on the job's own uid (strict isolation) bounds them; all its processes are killed.
-- Secrets: the environment is an allow-list without credentials; in strict isolation the worker runs as an
-  unprivileged uid, so it cannot read the service's `/proc/<pid>/environ` or root-only files.
-- Network: in strict isolation the worker has its own empty network namespace (no interface but a down `lo`).
-- Files: cwd, HOME and TMPDIR are a private directory. In strict isolation writes elsewhere fail (uid), /tmp,
-  /var/tmp and /dev/shm are empty private tmpfs mounts, and unreadable parents such as /root are hidden except for
-  the interpreter, the repository and the (read-only) build cache.
-- Reference outputs: computed in a separate reference process; the candidate process never sees them.
-  Candidate outputs go to files that the service loads with `torch.load(weights_only=True)` and compares, so a
-  candidate cannot patch the comparison. The reference module is only loaded in the candidate process after
-  the outputs were written (for timing), so it cannot be called to produce them.
-- Monkeypatching: callables of torch, torch.Tensor, torch.nn.functional, time, builtins and of our own worker
-  modules are snapshotted before candidate code is imported; replacing any is flagged `monkeypatch`.
-- Build cache: candidates build into their private directory; only the service publishes into the cache, after
-  checking the files still have the digests reported at build time.
-
-Not covered:
-- Timing numbers are measured inside the candidate process. A candidate that deliberately forges its result
-  message can report false timings; the service rejects reports that claim more measured time than elapsed
-  (`implausible_timing`) and more than one result (`result_tampering`), nothing more.
-- `process` isolation (no root): no uid change, no network namespace, no NPROC limit; a process that escapes the
-  process group (setsid) can outlive the job, and the candidate can read whatever the service's user can.
-- Side channels, CPU contention between concurrent jobs, kernel exploits, and disk filling of the private
-  directory (files are limited by RLIMIT_FSIZE, not their number).
+The worker trusts nothing it is sent beyond the job's role and obeys the service's commands; the service
+trusts nothing the worker says (docs/evaluator.md, "Threat model"). Events go on a pipe of our own, JSON lines;
+stdout and stderr belong to the job's code.
 """
 
 from __future__ import annotations
@@ -73,14 +43,14 @@ def main() -> None:
         # Imported only now: torch and the candidate-facing code load under the sandbox's limits.
         from services.evaluator import runner
 
-        context = runner.WorkerContext.start(args.device, args.threads, args.cache_dir, events.emit)
+        context = runner.WorkerContext.start(args.device, args.threads, args.cache_dir, events.emit, sys.stdin)
     except BaseException:
         events.emit("error", stage="startup", message=traceback.format_exc())
         os._exit(3)
     events.emit("ready")
     job = json.loads(sys.stdin.readline())
     try:
-        runner.run_job(context, job, sys.stdin)
+        runner.run_job(context, job)
     except BaseException:
         events.emit("error", stage="worker", message=traceback.format_exc())
     sys.stdout.flush()

@@ -26,7 +26,7 @@ def server_env(cache_dir: Path, **extra: str) -> dict[str, str]:
         "EVALUATOR_CACHE_DIR": str(cache_dir),
         "EVALUATOR_WORKERS": str(WORKERS),
         "EVALUATOR_THREADS_PER_WORKER": "1",
-        "EVALUATOR_MIN_SAMPLE_MS": "0.2",
+        "EVALUATOR_MIN_SAMPLE_MS": "2",
         "EVALUATOR_DEFAULT_TIMEOUT_S": "240",
         "OPENAI_API_KEY": FAKE_API_KEY,
         "EVALUATOR_SANDBOX_UID_BASE": str(sandbox_uid_base()),

@@ -196,7 +196,7 @@ raise RuntimeError(f"WRITES {{outcomes!r}}")
     )
 
 
-# Writes a forged result (huge speedup) on every pipe it can find, before the worker's own result.
+# Writes a forged timing reply (a huge speedup) on every pipe it can find, before the worker's own replies.
 _FORGE = """
 for _fd in os.listdir("/proc/self/fd"):
     try:
@@ -205,10 +205,7 @@ for _fd in os.listdir("/proc/self/fd"):
     except OSError:
         pass
 """
-_FORGED_LINE = (
-    'FORGED = b\'{"event": "result", "reference_samples": [5.0], "candidate_samples": [0.001], '
-    '"reference_reps": 1, "candidate_reps": 1}\\n\''
-)
+_FORGED_LINE = 'FORGED = b\'{"event": "block", "nonce": "0", "ms": [0.001]}\\n{"event": "saved", "nonce": "0"}\\n\''
 FORGED_RESULT = candidate("return x.clamp_min(0) * self.scale", prelude=f"import os\n{_FORGED_LINE}\n{_FORGE}")
 FORGED_RESULT_THEN_EXIT = candidate(
     "return x.clamp_min(0) * self.scale", prelude=f"import os\n{_FORGED_LINE}\n{_FORGE}\nos._exit(0)"

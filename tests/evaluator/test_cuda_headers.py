@@ -74,7 +74,6 @@ class RecordingBuild:
 
 
 def _build(tmp_path: Path, fake: RecordingBuild, device: str = "cuda") -> tuple[Any, bool]:
-    loader = build_cache.CachingLoader(tmp_path / "cache", tmp_path / "build", device, lambda *a, **k: None)
     build_dir = tmp_path / "build" / "key"
     build_dir.mkdir(parents=True)
     arguments = {
@@ -83,7 +82,7 @@ def _build(tmp_path: Path, fake: RecordingBuild, device: str = "cuda") -> tuple[
         "cuda_sources": [KERNEL],
         "build_directory": str(build_dir),
     }
-    return loader._build(fake, arguments, "load_inline", build_dir)
+    return "module", build_cache.compile_extension(fake, arguments, "load_inline", device, build_dir)
 
 
 def test_a_light_build_that_works_is_the_only_build(tmp_path: Path) -> None:

@@ -24,7 +24,6 @@ CASES = {
     "patch_timer": (sources.PATCH_TIMER, "rejected", "time.perf_counter", ["monkeypatch"]),
     "import_reference": (sources.IMPORT_REFERENCE, "rejected", "uses_reference_model", ["uses_reference_model"]),
     "subclass_reference": (sources.SUBCLASS_REFERENCE, "rejected", "uses_reference_model", ["uses_reference_model"]),
-    "forged_result": (sources.FORGED_RESULT, "rejected", "result_tampering", ["result_tampering"]),
     "forged_result_then_exit": (sources.FORGED_RESULT_THEN_EXIT, "crashed", "without a result", []),
 }
 

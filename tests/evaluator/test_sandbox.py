@@ -10,6 +10,7 @@ import httpx
 import psutil
 import pytest
 
+from services.evaluator.pool import uid_count
 from services.evaluator.sandbox import child_env
 from tests.evaluator import sources
 from tests.evaluator.conftest import WORKERS, evaluate, sandbox_uid_base
@@ -17,7 +18,7 @@ from tests.servers import REPO
 
 
 def sandbox_processes() -> list[psutil.Process]:
-    uids = range(sandbox_uid_base(), sandbox_uid_base() + 4 * WORKERS + 4)
+    uids = range(sandbox_uid_base(), sandbox_uid_base() + uid_count(WORKERS))
     return [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real in uids]
 
 

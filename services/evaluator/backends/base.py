@@ -29,8 +29,8 @@ class KernelBackend(Protocol):
     def synchronize(self) -> None:
         """Wait until queued device work is finished."""
 
-    def time_calls(self, fn: Callable[..., Any], args: Sequence[Any], n: int) -> list[float]:
-        """Run `fn(*args)` `n` times; return each call's latency in milliseconds."""
+    def time_call(self, fn: Callable[..., Any], args: Sequence[Any]) -> tuple[float, Any]:
+        """Call `fn(*args)` once; its latency in milliseconds and its output."""
 
     def describe(self) -> str:
         """Human-readable device name for results, e.g. `cpu (x86_64, 2 threads)`."""

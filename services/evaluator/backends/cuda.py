@@ -1,12 +1,9 @@
-"""CUDA backend: inputs on one GPU, CUDA-event timing with an L2 flush, device-wide synchronisation.
+"""CUDA backend: inputs on one GPU, CUDA-event timing of one call after an L2 flush.
 
-Every trial: flush L2 (overwrite a buffer twice the L2 size), synchronise the whole device, record a start event,
-call, record an end event, synchronise the whole device again. The event pair gives the precise time of the work
-on the current stream; the host clock around the call and the device-wide synchronise also sees work the
-candidate put on other streams. A candidate whose host-side time exceeds its event time by much more than the
-reference's does is doing unaccounted work off the current stream (`side_stream`), and is then timed by the host
-clock. Reference and candidate are interleaved trial by trial (alternating which goes first), so clock and thermal
-drift hit both alike.
+Every timed call: flush L2 (overwrite a buffer twice the L2 size), synchronise the device, record a start event,
+call, record an end event, synchronise the device again. The event pair gives the time of the work on the current
+stream. The judge times every block of calls from outside the process as well (evaluation.py): work the candidate
+puts on other streams, or a report smaller than the truth, shows as time the events do not explain.
 
 The timer functions are bound when this module is imported, before any candidate code runs, so patching
 `torch.cuda.Event` or `time.perf_counter` afterwards does not change what we measure (guards.py flags the patch).
@@ -14,14 +11,8 @@ The timer functions are bound when this module is imported, before any candidate
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
-import statistics
-import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from services.evaluator.backends import triton_support
@@ -35,30 +26,8 @@ try:
     _synchronize = torch.cuda.synchronize
 except ImportError:  # the CPU-only service image may lack torch's CUDA bits; available() says False then
     torch = None  # type: ignore[assignment]
-_perf_counter = time.perf_counter
 
-# A side-stream verdict needs both: this much host time beyond the reference's overhead, and this fraction of the
-# candidate's event time.
-SIDE_STREAM_MIN_EXCESS_MS = 0.05
-SIDE_STREAM_MIN_FRACTION = 0.5
 FLUSH_MIN_BYTES = 64 * 2**20
-
-
-@dataclass
-class TrialTimes:
-    """Per-trial milliseconds of one callable: CUDA-event time and host time around the device-wide sync."""
-
-    event_ms: list[float] = field(default_factory=list)
-    wall_ms: list[float] = field(default_factory=list)
-
-    def overhead_ms(self) -> float:
-        return statistics.median(w - e for w, e in zip(self.wall_ms, self.event_ms, strict=True))
-
-
-def side_stream_suspected(reference: TrialTimes, candidate: TrialTimes) -> bool:
-    """The candidate's host time exceeds its event time by far more than the reference's does."""
-    excess = candidate.overhead_ms() - reference.overhead_ms()
-    return excess > max(SIDE_STREAM_MIN_EXCESS_MS, SIDE_STREAM_MIN_FRACTION * statistics.median(candidate.event_ms))
 
 
 class CudaBackend:
@@ -98,23 +67,6 @@ class CudaBackend:
             return int(visible[self.device_index])
         return self.device_index
 
-    @contextlib.contextmanager
-    def exclusive(self, lock_dir: Path) -> Iterator[None]:
-        """Hold this GPU alone while measuring: flock on `gpu-<index>.lock` (prepared by the service).
-
-        Workers build in parallel and take turns on the GPU; the kernel drops the lock if a worker dies.
-        """
-        path = Path(lock_dir) / f"gpu-{self.physical_index()}.lock"
-        if not path.exists():
-            yield
-            return
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
-
     def activate(self) -> None:
         """Make this device current, so candidate code that says `.cuda()` lands on it."""
         torch.cuda.set_device(self.device_index)
@@ -134,49 +86,13 @@ class CudaBackend:
             self._flush_buffer = torch.empty(nbytes // 4, dtype=torch.int32, device=self.device)
         self._flush_buffer.zero_()
 
-    def time_one(self, fn: Callable[..., Any], args: Sequence[Any], times: TrialTimes) -> None:
-        """One timed call, appended to `times`; the output is dropped."""
+    def time_call(self, fn: Callable[..., Any], args: Sequence[Any]) -> tuple[float, Any]:
+        """Event-timed milliseconds of one call after an L2 flush, and its output."""
         start, end = _Event(enable_timing=True), _Event(enable_timing=True)
         self._flush()
         _synchronize(self.device_index)
-        t0 = _perf_counter()
         _event_record(start)
         out = fn(*args)
         _event_record(end)
         _synchronize(self.device_index)
-        t1 = _perf_counter()
-        del out
-        times.event_ms.append(_event_elapsed(start, end))
-        times.wall_ms.append((t1 - t0) * 1e3)
-
-    def time_calls(self, fn: Callable[..., Any], args: Sequence[Any], n: int) -> list[float]:
-        """Event-timed milliseconds of `n` calls, each after an L2 flush."""
-        times = TrialTimes()
-        for _ in range(n):
-            self.time_one(fn, args, times)
-        return times.event_ms
-
-    def time_interleaved(
-        self,
-        fns: dict[str, Callable[..., Any]],
-        arg_sets: Sequence[Sequence[Any]],
-        n: int,
-        warmup: int = 3,
-    ) -> dict[str, TrialTimes]:
-        """Time each callable `n` times, interleaved trial by trial, rotating through `arg_sets`.
-
-        The order within a trial alternates so neither side always runs on a freshly flushed, cooler or hotter
-        GPU; rotating inputs means no call sees the buffers of the call before it.
-        """
-        names = list(fns)
-        with torch.no_grad():
-            for i in range(warmup):
-                for name in names:
-                    fns[name](*arg_sets[i % len(arg_sets)])
-            _synchronize(self.device_index)
-            results = {name: TrialTimes() for name in names}
-            for i in range(n):
-                order = names if i % 2 == 0 else names[::-1]
-                for name in order:
-                    self.time_one(fns[name], arg_sets[i % len(arg_sets)], results[name])
-        return results
+        return _event_elapsed(start, end), out

@@ -44,18 +44,21 @@ torch::Tensor scaled(torch::Tensor x, double s) {
 
 
 def _load(tmp_path: Path, source: str) -> tuple[Any, dict[str, Any]]:
-    from torch.utils.cpp_extension import load_inline
-
-    events: list[dict[str, Any]] = []
+    """Build as the builder worker does (no load there), then load the library as the candidate's worker does."""
     cache = tmp_path / "cache"
-    build_cache.prepare(cache, build_workers=1)
-    loader = build_cache.CachingLoader(cache, tmp_path / "build", "cuda", lambda e, **k: events.append({"e": e, **k}))
-    module = loader.wrap(load_inline, "load_inline")(
-        name="probe", cpp_sources=[CPP], cuda_sources=[source], functions=["scaled"]
-    )
-    (built,) = [event for event in events if event["e"] == "built"]
-    assert f"ext_{built['key'][:24]}.so" in built["files"]  # the name the cache publishes and looks up
-    return module, built
+    build_cache.prepare(cache)
+    kind, arguments = build_cache.parse_request(
+        {"kind": "load_inline", "arguments": {"name": "probe", "cpp_sources": [CPP], "cuda_sources": [source],
+                                               "functions": ["scaled"]}},
+        "cuda",
+    )  # fmt: skip
+    key = build_cache.cache_key(kind, arguments, build_cache.device_arch("cuda"))
+    build_dir = tmp_path / "build" / key
+    build_dir.mkdir(parents=True)
+    files, light = build_cache.build({"kind": kind, "arguments": arguments, "key": key}, build_dir, "cuda", cache)
+    name = build_cache.library_name(key)
+    assert f"{name}.so" in files  # the name the cache publishes and looks up
+    return build_cache._load_library(build_dir / f"{name}.so", name, True), {"light_headers": light}
 
 
 def test_typical_wrapper_builds_against_the_light_header(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The GPU timing and hack-check building blocks, each shown to catch its attack (and to pass honest code)."""
+"""The GPU timing and hack-check building blocks, each shown to catch its attack (and to pass honest code).
+Side streams and forged reports are the judge's to see, from outside the process (tests/evaluator/gpu/test_gpu_service.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from services.evaluator import gpu_checks  # noqa: E402
-from services.evaluator.backends.cuda import CudaBackend, side_stream_suspected  # noqa: E402
+from services.evaluator.backends.cuda import CudaBackend  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 DEV = "cuda:0"
@@ -23,42 +24,27 @@ def backend() -> CudaBackend:
     return b
 
 
+def time_calls(backend: CudaBackend, fn, args: list, n: int) -> list[float]:  # noqa: ANN001
+    return [backend.time_call(fn, args)[0] for _ in range(n)]
+
+
 def test_backend_describes_device_and_times_a_copy(backend: CudaBackend) -> None:
     assert backend.available() and backend.device_string() == "cuda:0"
     assert "sm_" in backend.describe()
     x = torch.randn(32 * 2**20, device=DEV)
-    backend.time_calls(lambda t: t.clone(), [x], 3)  # warm-up: the first clone also allocates
-    samples = backend.time_calls(lambda t: t.clone(), [x], 30)
+    time_calls(backend, lambda t: t.clone(), [x], 3)  # warm-up: the first clone also allocates
+    samples = time_calls(backend, lambda t: t.clone(), [x], 30)
     assert len(samples) == 30 and min(samples) > 0
     # 256 MB read + written: at most a few ms on any datacenter GPU, and repeatable within 10 %
     med = statistics.median(samples)
     assert med < 20 and statistics.pstdev(samples) / med < 0.1
 
 
-def test_interleaved_timing_sees_the_faster_function(backend: CudaBackend) -> None:
-    sets = [[torch.randn(8192, 4096, device=DEV)] for _ in range(3)]
-    times = backend.time_interleaved({"slow": lambda x: (x * 2).exp().sin().cos(), "fast": lambda x: x * 2}, sets, n=20)
-    assert statistics.median(times["fast"].event_ms) * 2 < statistics.median(times["slow"].event_ms)
-    assert not side_stream_suspected(times["slow"], times["fast"])
-
-
-def side_stream_relu(x: torch.Tensor) -> torch.Tensor:
-    """Launches the real work on another stream and returns before it is done."""
-    out = torch.empty_like(x)
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for _ in range(20):
-            out.copy_(x).clamp_min_(0.0)
-    return out
-
-
-def test_side_stream_is_seen_by_both_checks(backend: CudaBackend) -> None:
-    x = torch.randn(64 * 2**20, device=DEV)
-    _, lazy = gpu_checks.unfinished_at_return(side_stream_relu, [x], DEV)
-    _, honest = gpu_checks.unfinished_at_return(torch.relu, [x], DEV)
-    assert lazy and not honest
-    times = backend.time_interleaved({"ref": torch.relu, "cand": side_stream_relu}, [[x]], n=10)
-    assert side_stream_suspected(times["ref"], times["cand"])
+def test_timing_sees_the_faster_function(backend: CudaBackend) -> None:
+    x = torch.randn(8192, 4096, device=DEV)
+    slow = time_calls(backend, lambda t: (t * 2).exp().sin().cos(), [x], 20)
+    fast = time_calls(backend, lambda t: t * 2, [x], 20)
+    assert statistics.median(fast) * 2 < statistics.median(slow)
 
 
 def test_poisoned_blocks_expose_an_uninitialised_output() -> None:
@@ -75,20 +61,6 @@ def test_poisoned_blocks_expose_an_uninitialised_output() -> None:
     del stolen
     gpu_checks.poison_freed_blocks([expected], DEV)
     assert torch.isnan(uninitialised(x)).all()
-
-
-def test_refill_inplace_defeats_data_ptr_caching() -> None:
-    cache: dict[int, torch.Tensor] = {}
-
-    def cached_relu(t: torch.Tensor) -> torch.Tensor:
-        if t.data_ptr() not in cache:
-            cache[t.data_ptr()] = torch.relu(t)
-        return cache[t.data_ptr()]
-
-    x = torch.randn(1 << 20, device=DEV)
-    assert torch.equal(cached_relu(x), torch.relu(x))
-    gpu_checks.refill_inplace([x], gpu_checks.device_inputs(lambda: [torch.randn(1 << 20)], 7, DEV, False))
-    assert not torch.equal(cached_relu(x), torch.relu(x))
 
 
 def test_signed_draw_breaks_identity_on_relu() -> None:
@@ -122,7 +94,7 @@ def test_backend_timing_ignores_a_patched_timer(backend: CudaBackend) -> None:
     original = torch.cuda.Event.elapsed_time
     torch.cuda.Event.elapsed_time = lambda self, end: 1e-6  # type: ignore[method-assign]
     try:
-        samples = backend.time_calls(torch.relu, [torch.randn(32 * 2**20, device=DEV)], 5)
+        samples = time_calls(backend, torch.relu, [torch.randn(32 * 2**20, device=DEV)], 5)
     finally:
         torch.cuda.Event.elapsed_time = original  # type: ignore[method-assign]
     assert min(samples) > 1e-3

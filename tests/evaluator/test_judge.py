@@ -1,0 +1,212 @@
+"""The judge against candidates written to game it, on a real server: each one of the ways a candidate's process
+could make a verdict rest on what it says, and what the judge answers instead. After each, an honest candidate
+is still scored correct."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.evaluator import sources
+from tests.evaluator.conftest import evaluate
+from tests.evaluator.test_hostile import assert_still_correct
+
+# Looks for the reference model in its own process (it used to be timed there) and slows every one it finds.
+SLOW_THE_REFERENCE = sources.candidate(
+    """
+import gc, time
+if not SEARCHED:
+    SEARCHED.append(True)
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.nn.Module) and type(obj).__name__ == "Mod" + "el":  # spelled so the static check lets it run
+            obj.forward = lambda *args, _f=obj.forward: (time.sleep(0.002), _f(*args))[1]
+return x.clamp_min(0) * self.scale
+""",
+    prelude="SEARCHED = []",
+)
+
+# Burns the CPU from threads while it is not being called, to slow down whatever is timed meanwhile.
+BACKGROUND_SPINNERS = sources.candidate(
+    "return x.clamp_min(0) * self.scale",
+    prelude="""
+import threading
+
+def _spin():
+    while True:
+        sum(range(1000))
+
+for _ in range(4):
+    threading.Thread(target=_spin, daemon=True).start()
+""",
+)
+
+# Caches its answer per input buffer: right the first time, stale once the same buffer holds new values.
+CACHE_PER_BUFFER = sources.candidate(
+    """
+key = (x.data_ptr(), tuple(x.shape))
+if key not in CACHE:
+    CACHE[key] = x.clamp_min(0) * self.scale
+return CACHE[key]
+""",
+    prelude="CACHE = {}",
+)
+
+# Computes while its outputs are written for correctness, answers from memory once it sees it is being timed.
+STACK_SNIFFER = sources.candidate(
+    """
+import inspect
+names = {frame.function for frame in inspect.stack()}
+if "serve_timing" in names and LAST:
+    return LAST[-1]
+LAST.append(x.clamp_min(0) * self.scale)
+return LAST[-1]
+""",
+    prelude="LAST = []",
+)
+
+# Returns a tensor subclass, the kind of object that could compute only when it is read after the timed call.
+SUBCLASS_OUTPUT = sources.candidate(
+    "return (x.clamp_min(0) * self.scale).as_subclass(Lazy)",
+    prelude="class Lazy(torch.Tensor):\n    pass",
+)
+
+# Replaces the worker's timer (a class attribute) so every call reports a microsecond, and hides it from the guard.
+PATCHED_TIMER_METHOD = sources.candidate(
+    "return x.clamp_min(0) * self.scale",
+    prelude="""
+import time
+from services.evaluator.backends.cpu import CpuBackend
+from services.evaluator.guards import Guard
+
+def _fast(self, fn, args):
+    out = fn(*args)
+    time.sleep(0.0005)
+    return 0.001, out
+
+CpuBackend.time_call = _fast
+Guard.replaced = lambda self: []
+""",
+)
+
+# Rebinds the clock the worker bound at import, and clears the guard's report.
+PATCHED_BOUND_CLOCK = sources.candidate(
+    "return x.clamp_min(0) * self.scale",
+    prelude="""
+import time
+from services.evaluator.backends import cpu
+from services.evaluator.guards import Guard
+
+_real = time.perf_counter
+cpu._perf_counter = lambda: _real() * 0.001
+Guard.replaced = lambda self: []
+""",
+)
+
+# Points its output directory at another directory after the first call, so the service would read elsewhere.
+SYMLINKED_OUTPUTS = sources.candidate(
+    """
+import os
+if os.path.isdir("out") and not os.path.islink("out"):
+    os.rename("out", "elsewhere")
+    os.symlink("elsewhere", "out")
+return x.clamp_min(0) * self.scale
+""",
+)
+
+# An output of a hundred thousand leaves: the comparison must stay bounded and blame the candidate.
+MANY_LEAVES = sources.candidate("return tuple([x.clamp_min(0) * self.scale] * 100_000)")
+
+# Writes a `built` event for a key of its choosing, with a library file of its own beside it.
+FORGED_BUILD_EVENTS = sources.candidate(
+    "return x.clamp_min(0) * self.scale",
+    prelude="""
+import os
+_line = b'{"event": "built", "key": "' + b"a" * 64 + b'", "files": {"ext_aaaaaaaaaaaaaaaaaaaaaaaa.so": "0"}}\\n'
+os.makedirs("build/" + "a" * 64, exist_ok=True)
+open("build/" + "a" * 64 + "/ext_aaaaaaaaaaaaaaaaaaaaaaaa.so", "wb").write(b"not a library")
+for _fd in os.listdir("/proc/self/fd"):
+    try:
+        if int(_fd) > 2 and os.readlink(f"/proc/self/fd/{_fd}").startswith("pipe:"):
+            os.write(int(_fd), _line)
+    except OSError:
+        pass
+""",
+)
+
+# Writes its own timing reply while the judge waits for the worker's: a reply with a nonce it cannot know.
+FORGED_REPLY_MID_BLOCK = sources.candidate(
+    """
+import os
+for _fd in os.listdir("/proc/self/fd"):
+    try:
+        if int(_fd) > 2 and os.readlink(f"/proc/self/fd/{_fd}").startswith("pipe:"):
+            os.write(int(_fd), b'{"event": "block", "nonce": "guess", "ms": [0.0001]}\\n')
+    except OSError:
+        pass
+return x.clamp_min(0) * self.scale
+""",
+)
+
+
+def test_reference_is_out_of_the_candidates_reach(client: httpx.Client) -> None:
+    result = evaluate(client, SLOW_THE_REFERENCE)
+    assert result["status"] == "correct", result["message"]
+    assert result["speedup"] < 3, result
+
+
+def test_background_threads_cannot_slow_the_reference(client: httpx.Client) -> None:
+    result = evaluate(client, BACKGROUND_SPINNERS)
+    assert result["status"] in {"correct", "rejected"}, result["message"]
+    if result["status"] == "correct":
+        assert result["speedup"] < 2, result
+    assert_still_correct(client)
+
+
+@pytest.mark.parametrize(
+    ("name", "candidate", "verdicts"),
+    [
+        ("cache_per_buffer", CACHE_PER_BUFFER, {"incorrect", "rejected"}),
+        ("stack_sniffer", STACK_SNIFFER, {"rejected"}),
+        ("subclass_output", SUBCLASS_OUTPUT, {"runtime_error", "incorrect", "rejected"}),
+        ("patched_timer_method", PATCHED_TIMER_METHOD, {"rejected"}),
+        ("forged_reply_mid_block", FORGED_REPLY_MID_BLOCK, {"rejected"}),
+        ("symlinked_outputs", SYMLINKED_OUTPUTS, {"incorrect", "runtime_error"}),
+        ("many_leaves", MANY_LEAVES, {"incorrect", "runtime_error"}),
+    ],
+)
+def test_gamed_timing_or_outputs_never_score(
+    client: httpx.Client, name: str, candidate: str, verdicts: set[str]
+) -> None:
+    result = evaluate(client, candidate, timing_trials=20)
+    assert result["status"] in verdicts, f"{name}: {result['status']} {result['flags']} {result['message'][-600:]}"
+    assert result["speedup"] is None
+    assert_still_correct(client)
+
+
+@pytest.mark.parametrize("candidate", [PATCHED_BOUND_CLOCK, sources.FORGED_RESULT], ids=["bound_clock", "forged"])
+def test_false_reports_buy_no_speedup(client: httpx.Client, candidate: str) -> None:
+    """A rebound clock (every call reported 1000x faster) or replies forged before they were asked for: the
+    verdict is rejected, or correct with the speedup the judge's own clock measured."""
+    result = evaluate(client, candidate, timing_trials=20)
+    assert result["status"] in {"correct", "rejected"}, result["message"]
+    if result["status"] == "correct":
+        assert result["speedup"] < 3, result
+    else:
+        assert "implausible_timing" in result["flags"] or "result_tampering" in result["flags"], result
+    assert_still_correct(client)
+
+
+def test_forged_build_events_publish_nothing(client: httpx.Client, build_cache_dir) -> None:  # noqa: ANN001
+    result = evaluate(client, FORGED_BUILD_EVENTS)
+    assert result["status"] == "correct", result["message"]
+    assert not (build_cache_dir / ("a" * 64)).exists()
+    result = evaluate(client, sources.CPP_CORRECT)
+    assert result["status"] == "correct", result["message"]
+
+
+def test_timing_is_reported_per_block_of_calls(client: httpx.Client) -> None:
+    result = evaluate(client, sources.CORRECT, timing_trials=12)
+    assert result["status"] == "correct", result["message"]
+    assert result["reference_ms"]["n"] == result["candidate_ms"]["n"] == 12
+    assert 0.2 < result["speedup"] < 5
+    assert {"timing", "compare", "build"} <= set(result["phases_s"])
