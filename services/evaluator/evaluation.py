@@ -52,6 +52,10 @@ CHECK_PROBABILITY = 0.25
 # this z, about p = 0.001); more means work the report hides (another stream, a false report).
 UNEXPLAINED_SHARE = 0.05
 UNEXPLAINED_SLACK_S = 0.0002
+# The judge's clock replaces a report that falls short of it by more than this many median absolute deviations of
+# the reference's overhead, plus CLOCKED_SHARE of the block, plus the slack (judge_room_s).
+JITTER_FACTOR = 3.0
+CLOCKED_SHARE = 0.10
 UNEXPLAINED_Z = 3.09
 # Timing rounds: while the judge's noise is too large against the candidate's blocks, the next round has longer
 # blocks; an implausible-timing flag stands only in the last round it reaches.
@@ -619,11 +623,12 @@ def hides_work(reference: list[Block], candidate: list[Block]) -> bool:
 
 
 def judge_room_s(reference: list[Block], clocked_s: float) -> float:
-    """Seconds per block by which a report may fall short of the judge's clock unseen: twice the median absolute
-    deviation of the reference's overhead (its process is honest, so this is noise), 5 %, and the slack."""
+    """Seconds per block by which a report may fall short of the judge's clock unseen: three times the median
+    absolute deviation of the reference's overhead (its process is honest, so this is noise), 10 % of the block
+    and the slack. block_growth keeps it under a quarter of the candidate's block."""
     overhead = statistics.median(b.unexplained_s for b in reference)
     jitter = statistics.median(abs(b.unexplained_s - overhead) for b in reference)
-    return 2 * jitter + UNEXPLAINED_SHARE * clocked_s + UNEXPLAINED_SLACK_S
+    return JITTER_FACTOR * jitter + CLOCKED_SHARE * clocked_s + UNEXPLAINED_SLACK_S
 
 
 def block_growth(blocks: dict[str, list[Block]]) -> float:
@@ -642,9 +647,8 @@ def judge_clocked_ms(reference: list[Block], candidate: list[Block]) -> list[flo
     """The candidate's per-call samples by the judge's clock, where its report is faster than that clock allows.
 
     A block's wall time less the reference's median overhead (the pipe, the refills: the same on both sides) is an
-    estimate of the candidate's time for the block. A report below it by more than the noise (twice the median
-    absolute deviation of the reference's overhead), 5 % and the slack is not believed, and the judge's
-    estimate replaces it. None when the report holds."""
+    estimate of the candidate's time for the block. A report below it by more than `judge_room_s` is not
+    believed, and the judge's estimate replaces it. None when the report holds."""
     overhead = statistics.median(b.unexplained_s for b in reference)
     reported = statistics.median(sum(b.ms) / 1e3 for b in candidate)
     clocked = statistics.median(b.wall_s - overhead for b in candidate)

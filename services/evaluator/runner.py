@@ -170,7 +170,6 @@ def run_candidate(context: WorkerContext, job: dict[str, Any]) -> None:
     except BaseException:
         context.emit("error", stage="compile", message=traceback.format_exc(chain=False))
         return
-    loader.closed = True
     context.emit("compiled")
     if context.command().get("op") != "run":
         return
@@ -187,6 +186,7 @@ def run_candidate(context: WorkerContext, job: dict[str, Any]) -> None:
     except BaseException:
         context.emit("error", stage="run", message=traceback.format_exc())
         return
+    loader.closed = True
     context.emit("outputs_written", replaced=guard.replaced())
     serve_timing(context, model, guard)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import pytest
 
 from problems import get_problem
+from services.evaluator.config import HACK_FLAGS
 from services.implementer.rules import TECHNIQUES
 from shared.clients import EvaluatorClient, ImplementerClient
 from shared.contracts import EvaluateRequest, EvaluationResult, ImplementRequest, ImplementResponse, Target
@@ -110,7 +111,7 @@ def test_technique_is_scored_correct(case: Case, verdicts: dict) -> None:
         assert result.compiled and result.status.value in ("correct", "incorrect"), result.message
         return
     assert result.status.value == "correct", f"{result.status.value}: {result.flags} {result.message}"
-    assert result.flags == []
+    assert not set(result.flags) & HACK_FLAGS, result.flags  # advisory flags (timed_by_judge) may appear under load
     if case.min_speedup is not None:
         assert result.speedup is not None and result.speedup > case.min_speedup, result.speedup
 
@@ -127,7 +128,7 @@ def test_techniques_compose_across_turns(services: tuple[ImplementerClient, Eval
     again = implement(implementer, "matmul_bias_relu", source, "cuda_graphs")
     assert again.techniques == [] and "already applied" in again.message and again.source == source
     result = evaluate(evaluator, "matmul_bias_relu", source, timing_trials=5)
-    assert result.status.value == "correct" and result.flags == [], result.message
+    assert result.status.value == "correct" and not set(result.flags) & HACK_FLAGS, result.message
 
 
 def test_generated_kernel_composes_with_a_later_turn(services: tuple[ImplementerClient, EvaluatorClient]) -> None:
@@ -138,4 +139,4 @@ def test_generated_kernel_composes_with_a_later_turn(services: tuple[Implementer
     graphed = implement(implementer, "scale_shift_clamp", fused.source or "", "cuda_graphs")
     assert graphed.techniques == ["cuda_graphs"] and "load_inline" in (graphed.source or "")
     result = evaluate(evaluator, "scale_shift_clamp", graphed.source or "", timing_trials=5)
-    assert result.status.value == "correct" and result.flags == [], result.message
+    assert result.status.value == "correct" and not set(result.flags) & HACK_FLAGS, result.message
