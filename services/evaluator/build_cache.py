@@ -209,7 +209,9 @@ class BuildClient:
             if memo in self.loaded:
                 return self.loaded[memo]
             if self.closed:
-                raise RuntimeError("extensions can be built only while ModelNew is imported and its correctness outputs are written")
+                raise RuntimeError(
+                    "extensions can be built only while ModelNew is imported and its correctness outputs are written"
+                )
             self.emit("build_request", kind=kind, arguments=arguments)
             line = self.control.readline()
             reply = json.loads(line) if line.strip() else {"error": "the service closed the build channel"}
