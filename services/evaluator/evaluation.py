@@ -27,13 +27,13 @@ from typing import Any
 
 import torch
 
-from services.evaluator import build_cache, gpu_checks
+from services.evaluator import build_cache, gpu_checks, sandbox
 from services.evaluator.backends import BACKENDS, get_backend, resolve_device
 from services.evaluator.compare import Comparison, compare_outputs, load_data
 from services.evaluator.config import HACK_FLAGS, Settings
 from services.evaluator.metrics import Metrics
 from services.evaluator.pool import QueueFullError, Worker, WorkerPool, WorkerStartError
-from services.evaluator.safe_files import read_file_beneath
+from services.evaluator.safe_files import open_beneath, read_file_beneath
 from services.evaluator.sandbox import write_readonly_file
 from services.evaluator.static_checks import check_candidate, reference_problems
 from services.evaluator.verdict import CandidateRun, TimingResult, candidate_result, truncate
@@ -541,18 +541,16 @@ class Judge:
 
     @contextlib.asynccontextmanager
     async def _paused(self, active: Worker) -> AsyncIterator[None]:
-        """Stop every other worker of this evaluation's process groups (SIGSTOP) while `active` runs, so a
-        candidate's threads or queued work cannot slow the reference down while it is timed."""
+        """Stop every process of the other worker's job (SIGSTOP: its process group, its process tree, in strict
+        isolation its uid) while `active` runs, so a candidate's threads, children or daemons cannot slow the
+        reference down while it is timed."""
         others = [w for w in self.pair if w is not active and w.proc.returncode is None]
-        for worker in others:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(worker.proc.pid, signal.SIGSTOP)
+        stopped = await asyncio.to_thread(_signal_jobs, others, signal.SIGSTOP) if others else []
         try:
             yield
         finally:
-            for worker in others:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(worker.proc.pid, signal.SIGCONT)
+            if stopped:
+                await asyncio.to_thread(_signal_jobs, others, signal.SIGCONT)
 
     async def _check(self, candidate: Worker, call: int, trial: int) -> bool:
         """Ask for one call's output of the last block and compare it with the reference's on that input set."""
@@ -586,7 +584,13 @@ class Judge:
         if "stale_output" in self.run_state.flags:
             return
         recheck = self.trials  # the reference's extra set
-        await asyncio.to_thread(_hand_over_one, candidate, self.reference, recheck)
+        try:
+            handed = await asyncio.to_thread(_hand_over_one, candidate, self.reference, recheck)
+        except OSError:
+            handed = False
+        if not handed:
+            self.run_state.flags["result_tampering"] = "the job replaced the inputs directory the service gave it"
+            raise CandidateFailure
         await self._block(candidate, [str(recheck)], fresh=True)
         if not await self._check(candidate, 0, recheck):
             self.run_state.flags["stale_output"] = "wrong answer on new inputs in the buffers that were timed"
@@ -720,8 +724,36 @@ def _hand_over(worker: Worker, reference: ReferenceData, trials: range) -> None:
     inputs_dir.chmod(0o555)
 
 
-def _hand_over_one(worker: Worker, reference: ReferenceData, trial: int) -> None:
-    write_readonly_file(worker.home / "inputs" / f"inputs_{trial}.pt", reference.input_bytes[trial])
+def _signal_jobs(workers: list[Worker], signum: int) -> list[int]:
+    """Send `signum` to every process of the workers' jobs; the pids signalled."""
+    pids = []
+    for worker in workers:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(worker.proc.pid, signum)
+        for proc in sandbox.processes_of(worker.uid, [worker.proc.pid]):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(proc.pid, signum)
+                pids.append(proc.pid)
+    return pids
+
+
+def _hand_over_one(worker: Worker, reference: ReferenceData, trial: int) -> bool:
+    """One more input set for a worker whose code has run: written through a handle on the service's own `inputs`
+    directory, never by path (the job owns `home` and may have swapped `inputs` for a directory or links of its
+    own). False if the directory is not the one the service made."""
+    directory = open_beneath(worker.root, "home/inputs", directory=True)
+    try:
+        if os.fstat(directory).st_uid != os.geteuid():
+            return False
+        name = f"inputs_{trial}.pt"
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444, dir_fd=directory)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(reference.input_bytes[trial])
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(directory)
 
 
 def _names(value: Any) -> set[str]:

@@ -117,7 +117,7 @@ class Worker:
                 # Exit counts, not only EOF (children a job forked may hold the pipe open); read what is left.
                 drained = True
                 if self.reader is not None:
-                    with contextlib.suppress(TimeoutError):
+                    with contextlib.suppress(Exception):
                         await asyncio.wait_for(asyncio.shield(self.reader), 0.5)
                 continue
             self.changed.clear()
@@ -135,7 +135,7 @@ class Worker:
                 # Exit counts, not only EOF (children a job forked may hold the pipe open); read what is left.
                 drained = True
                 if self.reader is not None:
-                    with contextlib.suppress(TimeoutError):
+                    with contextlib.suppress(Exception):
                         await asyncio.wait_for(asyncio.shield(self.reader), 0.5)
                 continue
             self.changed.clear()
@@ -155,7 +155,7 @@ class Worker:
         await asyncio.to_thread(sandbox.kill_all, self.uid, self.proc.pid)
         await self.proc.wait()
         if self.reader is not None:
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(self.reader), 2.0)
             self.reader.cancel()
         return WorkerOutcome(self.proc.returncode, timed_out, self._stdio_tail(), self.memory_exceeded_mb)
@@ -180,7 +180,8 @@ async def _read_events(worker: Worker, reader: asyncio.StreamReader) -> None:
                 break
             try:
                 event = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # a line nested 200,000 deep must not end the reader
+                worker.events.append({"event": "flood", "received_at": time.monotonic()})
                 continue
             if isinstance(event, dict):
                 event["received_at"] = time.monotonic()

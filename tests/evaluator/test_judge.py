@@ -148,6 +148,50 @@ return x.clamp_min(0) * self.scale
 )
 
 
+# Swaps the service's `inputs` directory for one of its own, with a link where the re-check set will be written:
+# a service writing by path, as root, would overwrite the link's target outside the sandbox.
+INPUTS_SWAP = sources.candidate(
+    """
+import os
+CALLS.append(1)
+if len(CALLS) == 2 and os.path.isdir("inputs") and not os.path.islink("inputs"):
+    os.rename("inputs", "inputs_orig")
+    os.mkdir("inputs", 0o755)
+    for name in os.listdir("inputs_orig"):
+        os.symlink("../inputs_orig/" + name, "inputs/" + name)
+    for trial in range(2, 8):
+        os.symlink(TARGET, f"inputs/inputs_{trial}.pt")
+return x.clamp_min(0) * self.scale
+""",
+    prelude="CALLS = []\nTARGET = '__TARGET__'",
+)
+
+# A line nested 200,000 deep on the events pipe: the service's JSON reader must not fail with it.
+DEEP_EVENT = sources.candidate(
+    "return x.clamp_min(0) * self.scale",
+    prelude="""
+import os, sys
+os.write(int(sys.argv[sys.argv.index("--events-fd") + 1]), b"[" * 200_000 + b"\\n")
+""",
+)
+
+
+def test_a_swapped_inputs_directory_never_makes_the_service_write_elsewhere(client: httpx.Client, tmp_path) -> None:  # noqa: ANN001
+    victim = tmp_path / "victim.txt"
+    victim.write_text("untouched")
+    victim.chmod(0o600)
+    result = evaluate(client, INPUTS_SWAP.replace("__TARGET__", str(victim)), timing_trials=10)
+    assert victim.read_text() == "untouched" and victim.stat().st_mode & 0o777 == 0o600
+    assert result["status"] in {"rejected", "runtime_error", "incorrect"}, result
+    assert_still_correct(client)
+
+
+def test_a_line_too_deep_to_parse_is_the_candidates_problem(client: httpx.Client) -> None:
+    result = evaluate(client, DEEP_EVENT)
+    assert result["status"] != "evaluator_error", result["message"]
+    assert_still_correct(client)
+
+
 def test_reference_is_out_of_the_candidates_reach(client: httpx.Client) -> None:
     result = evaluate(client, SLOW_THE_REFERENCE)
     assert result["status"] == "correct", result["message"]
