@@ -306,6 +306,14 @@ class Judge:
         return self.request.correctness_trials
 
     @property
+    def max_block_calls(self) -> int:
+        """Most calls in a block: a worker keeps every output of a block until the judge has chosen which to check,
+        so a block's outputs take at most an eighth of a worker's memory limit (on a GPU, of its memory)."""
+        output_bytes = max(1, _nbytes(self.reference.expected[0]))
+        budget = (self.settings.memory_limit_mb << 20) // TIMING_SETS_MEMORY_SHARE
+        return max(1, min(MAX_BLOCK_CALLS, budget // output_bytes))
+
+    @property
     def timing_sets(self) -> int:
         """Input sets the timed calls cycle through: every correctness set whose inputs fit an eighth of a
         worker's memory limit together (each worker holds the sets it is timed on)."""
@@ -475,9 +483,9 @@ class Judge:
                 if last or "stale_output" in self.run_state.flags:
                     break
                 growth = block_growth(blocks)
-                if growth > 1 and calls < MAX_BLOCK_CALLS:
+                if growth > 1 and calls < self.max_block_calls:
                     # The judge's clock cannot yet tell the candidate's blocks from its own noise: longer blocks.
-                    calls = min(MAX_BLOCK_CALLS, math.ceil(calls * growth))
+                    calls = min(self.max_block_calls, math.ceil(calls * growth))
                 elif "implausible_timing" not in timing.flags:
                     # A burst of load can hit most blocks of one round; a false report is seen in every round.
                     break
@@ -494,7 +502,7 @@ class Judge:
         # Both sides run blocks of the same calls, sized from the reference's (trusted) time, so the time the
         # judge sees beyond the reported times has the same parts on both sides (the pipe, the refills).
         per_call_ms = max(1e-4, min(reference_warm.ms))  # the first calls are cold
-        return max(1, min(MAX_BLOCK_CALLS, math.ceil(self.settings.min_sample_ms / per_call_ms)))
+        return max(1, min(self.max_block_calls, math.ceil(self.settings.min_sample_ms / per_call_ms)))
 
     async def _timed_blocks(self, candidate: Worker, timer: Worker, calls: int) -> dict[str, list[Block]]:
         """`timing_trials` blocks of `calls` calls on each side, alternating which goes first; after some of the
