@@ -6,7 +6,7 @@ CONFIG ?= configs/default.yaml
 STEPS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install train test test-gpu test-docker bench bench-learning bench-gpu lint format serve-evaluator serve-implementer clean
+.PHONY: install train test test-gpu test-docker bench bench-learning bench-gpu bench-kernelbench lint format serve-evaluator serve-implementer clean
 
 install: $(VENV)/.installed
 
@@ -42,6 +42,13 @@ bench-learning: install
 bench-gpu: install
 	$(PY) bench/evaluator_gpu.py
 	$(PY) bench/trainer_gpu.py
+
+# Runs on a CUDA machine: every KernelBench problem (levels 1-3, published sizes) scored against itself by the
+# evaluator and by an in-process check. Resumable: run it again until nothing is left (docs/evaluator-gpu.md).
+KB_OUT ?= bench/results/kernelbench_full.jsonl
+KB_ARGS ?=
+bench-kernelbench: install
+	$(PY) bench/kernelbench_full.py --out $(KB_OUT) $(KB_ARGS)
 
 lint: install
 	$(PY) -m ruff check .
