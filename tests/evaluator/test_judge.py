@@ -200,7 +200,9 @@ def test_reference_is_out_of_the_candidates_reach(client: httpx.Client) -> None:
 
 def test_background_threads_cannot_slow_the_reference(client: httpx.Client) -> None:
     result = evaluate(client, BACKGROUND_SPINNERS)
-    assert result["status"] in {"correct", "rejected"}, result["message"]
+    # On two cores the spinners also hold the GIL in the candidate's own calls, which can then run past the time
+    # limit: a slow candidate, scored as one. What must never happen is a speedup bought with the reference's time.
+    assert result["status"] in {"correct", "rejected", "timeout"}, result["message"]
     if result["status"] == "correct":
         assert result["speedup"] < 2, result
     assert_still_correct(client)
