@@ -1,11 +1,15 @@
 """Command-line client of the evaluator service: score one candidate, or a folder of them KernelBench-style.
 
-    python -m services.evaluator.cli score --reference ref.py --candidate new.py [--json]
-    python -m services.evaluator.cli batch --kernelbench PATH --level 1 --candidates DIR [--out results.jsonl]
+    kernel-agent score --reference ref.py --candidate new.py [--timeout S] [--json]
+    kernel-agent batch --kernelbench PATH --level 1 --candidates DIR [--all] [--out results.jsonl]
+    kernel-agent problems [--kernelbench PATH --level 1 | --problems builtin]
+
+(`python -m services.evaluator.cli ...` is the same command.)
 
 It talks to a running evaluator over HTTP only (EVALUATOR_URL, default http://127.0.0.1:8001; EVALUATOR_TOKEN).
 In `batch`, DIR holds one file per problem, named after the problem file: `19_ReLU.py` or `level1_19_ReLU.py`
-(built-in problems: `softmax_primitives.py`). A problem without a candidate counts as failed.
+(built-in problems: `softmax_primitives.py`). `batch` reports the problems that have a candidate and states fast_p
+over them; with `--all` every selected problem is listed and a problem without a candidate counts as failed.
 Exit status: `score` 0 when the candidate is correct, 1 when not; `batch` 0; both 2 on usage or service errors.
 """
 
@@ -48,7 +52,7 @@ class Outcome:
 
 
 def fast_p(outcomes: Sequence[Outcome], p: float) -> float:
-    """KernelBench fast_p: the fraction of ALL problems whose candidate is correct and has speedup > p.
+    """KernelBench fast_p: the fraction of the given problems whose candidate is correct and has speedup > p.
 
     fast_0 is the correctness rate: a correct candidate without timing counts for p = 0 only.
     """
@@ -149,10 +153,16 @@ def make_request(args: argparse.Namespace, reference: str, candidate: str) -> Ev
             device=args.device,
             timing_trials=args.timing_trials,
             correctness_trials=args.correctness_trials,
+            timeout_s=args.timeout,
         )
     except ValidationError as exc:
         reasons = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise CliError(f"invalid request: {reasons}") from exc
+
+
+def http_timeout(args: argparse.Namespace) -> float:
+    """The HTTP wait: the evaluation's own limit plus room for the queue, or the client's default."""
+    return 600.0 if args.timeout is None else args.timeout + 120.0
 
 
 # ---- score ---------------------------------------------------------------------------------------------------------
@@ -162,7 +172,7 @@ def run_score(args: argparse.Namespace) -> int:
     request = make_request(args, read_source(args.reference, "reference"), read_source(args.candidate, "candidate"))
     check_reachable(args.url, args.token)
     try:
-        with EvaluatorClient(args.url, token=args.token) as client:
+        with EvaluatorClient(args.url, token=args.token, timeout_s=http_timeout(args)) as client:
             result = client.evaluate(request)
     except ServiceError as exc:
         raise service_error(exc, args.url, args.token) from exc
@@ -187,15 +197,37 @@ class BatchRow:
 
     @property
     def note(self) -> str:
-        """First line of the error or of a failed verdict's message."""
+        """The cause from the error or a failed verdict's message (a traceback's last line, not its first)."""
         text = self.error or (self.result.message if self.result and not self.result.correct else "")
-        return next(iter(text.strip().splitlines()), "")[:60]
+        return message_cause(text)[:100]
 
     @property
     def status(self) -> str:
         if self.candidate is None:
             return "missing"
         return self.result.status.value if self.result else "error"
+
+
+TRACEBACK = "Traceback (most recent call last):"
+HINTS = (
+    ("out of memory", "raise the evaluator's memory limit (EVALUATOR_MEMORY_LIMIT_MB) or use a larger GPU"),
+    ("File too large", "raise EVALUATOR_MAX_FILE_MB"),
+    ("No space left", "give the evaluator's temporary directory more room (the compose tmpfs size)"),
+)
+
+
+def message_cause(text: str) -> str:
+    """One line: the message's lead and, for a traceback, its exception line; plus a fix for known causes."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    lead = lines[0]
+    if TRACEBACK in lead or any(line.startswith(TRACEBACK) for line in lines[1:]):
+        lead = lead.split(TRACEBACK)[0].strip()
+        cause = lines[-1]
+        lead = f"{lead} {cause}" if lead else cause
+    hint = next((fix for needle, fix in HINTS if needle.lower() in text.lower()), None)
+    return f"{lead} (fix: {hint})" if hint else lead
 
 
 def candidate_names(problem: Problem) -> tuple[str, ...]:
@@ -246,7 +278,8 @@ async def score_rows(rows: list[BatchRow], args: argparse.Namespace) -> None:
     """Score every row that has a candidate, `args.concurrency` at a time, with progress on stderr."""
     todo = [row for row in rows if row.candidate is not None]
     gate = asyncio.Semaphore(args.concurrency)
-    async with AsyncEvaluatorClient(args.url, token=args.token) as client:
+    print(f"scoring {len(todo)} candidate(s) at {args.url}, {args.concurrency} at a time", file=sys.stderr, flush=True)
+    async with AsyncEvaluatorClient(args.url, token=args.token, timeout_s=http_timeout(args)) as client:
         tasks = [asyncio.ensure_future(_score_row(client, gate, args, row)) for row in todo]
         for done, task in enumerate(asyncio.as_completed(tasks), start=1):
             row = await task
@@ -254,7 +287,8 @@ async def score_rows(rows: list[BatchRow], args: argparse.Namespace) -> None:
             print(f"[{done}/{len(todo)}] {row.problem.name}: {row.status}{speed}", file=sys.stderr, flush=True)
 
 
-def batch_report(rows: Sequence[BatchRow]) -> str:
+def batch_report(rows: Sequence[BatchRow], selected: int | None = None) -> str:
+    """The table and fast_p over `rows`; `selected` is how many problems were selected, when more than `rows`."""
     table = format_table(
         ("problem", "status", "speedup", "reference ms", "candidate ms", "note"),
         [
@@ -271,9 +305,13 @@ def batch_report(rows: Sequence[BatchRow]) -> str:
     )
     outcomes = [r.outcome for r in rows]
     geomean = geomean_speedup(outcomes)
+    attempted = sum(r.candidate is not None for r in rows)
     summary = [
-        f"problems: {len(rows)}, candidates: {sum(r.candidate is not None for r in rows)}, "
-        f"correct: {sum(o.correct for o in outcomes)}"
+        f"problems: {len(rows) if selected is None else selected} selected, {attempted} with a candidate, "
+        f"correct: {sum(o.correct for o in outcomes)}",
+        f"fast_p over {len(rows)} problem(s)"
+        + (" (every selected problem; missing candidates count as failed)" if attempted < len(rows) else "")
+        + (" (those with a candidate; --all counts every selected problem)" if selected else ""),
     ]
     summary += [f"fast_{p:g}: {fast_p(outcomes, p):.3f}" for p in FAST_P_THRESHOLDS]
     summary.append(f"geomean speedup (correct): {'-' if geomean is None else f'{geomean:.3f}x'}")
@@ -304,12 +342,27 @@ def run_batch(args: argparse.Namespace) -> int:
         raise CliError("no problems selected: check that --level matches the level<N>/ folders of the checkout")
     for path in unmatched:
         print(f"ignored {path.name}: it names no selected problem", file=sys.stderr)
+    if not any(row.candidate for row in rows):
+        raise CliError(f"no candidate in {args.candidates} names a selected problem (see `candidate_names`)")
     check_reachable(args.url, args.token)
     asyncio.run(score_rows(rows, args))
-    print(batch_report(rows))
+    selected = len(rows)
+    if not args.all:
+        rows = [row for row in rows if row.candidate is not None]
+    print(batch_report(rows, selected if len(rows) < selected else None))
     if args.out:
         write_jsonl(rows, args.out)
         print(f"results written to {args.out}", file=sys.stderr)
+    return 0
+
+
+def run_problems(args: argparse.Namespace) -> int:
+    """List the selected problems, one `id  level  name` line each."""
+    chosen = select_problems(args)
+    print(format_table(("id", "level", "name"), [(p.id, p.level, p.name) for p in chosen]))
+    print(
+        f"{len(chosen)} problem(s); a batch candidate is named {candidate_names(chosen[0])[0]!r} etc.", file=sys.stderr
+    )
     return 0
 
 
@@ -323,6 +376,16 @@ def _levels(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected levels like 1 or 1,2, got {text!r}") from exc
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from exc
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError("must lie in (0, 3600]")
+    return value
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -332,19 +395,28 @@ def _positive(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m services.evaluator.cli",
+        prog="kernel-agent",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default=os.environ.get("EVALUATOR_URL", DEFAULT_URL), help="evaluator base URL")
-    common.add_argument("--token", default=os.environ.get("EVALUATOR_TOKEN"), help="bearer token")
+    common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    common.add_argument(
+        "--url", default=os.environ.get("EVALUATOR_URL", DEFAULT_URL), help="evaluator base URL ($EVALUATOR_URL)"
+    )
+    common.add_argument("--token", default=os.environ.get("EVALUATOR_TOKEN"), help="bearer token ($EVALUATOR_TOKEN)")
     common.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     common.add_argument("--timing-trials", type=int, default=100, help="timed calls per model (0 skips timing)")
     common.add_argument("--correctness-trials", type=int, default=5, help="random input draws checked")
+    common.add_argument(
+        "--timeout", type=_seconds, default=None, help="wall-clock limit of one evaluation in s (server default)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
+    defaults = argparse.ArgumentDefaultsHelpFormatter
 
-    score = sub.add_parser("score", parents=[common], help="score one candidate against one reference")
+    score = sub.add_parser(
+        "score", parents=[common], help="score one candidate against one reference", formatter_class=defaults
+    )
     score.add_argument(
         "--reference", type=Path, required=True, help="module defining Model, get_inputs, get_init_inputs"
     )
@@ -352,19 +424,27 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--json", action="store_true", help="print the full verdict as JSON")
     score.set_defaults(run=run_score)
 
-    batch = sub.add_parser("batch", parents=[common], help="score a folder of candidates, print fast_p")
-    where = batch.add_mutually_exclusive_group()
-    where.add_argument(
-        "--kernelbench",
-        type=Path,
-        default=None,
-        help="KernelBench checkout (default $KERNELBENCH_PATH, else the HF dataset)",
+    batch = sub.add_parser(
+        "batch", parents=[common], help="score a folder of candidates, print fast_p", formatter_class=defaults
     )
-    where.add_argument("--problems", help="a problem spec instead, e.g. builtin or builtin:gpu")
-    batch.add_argument("--level", type=_levels, default=[1], help="KernelBench level(s), e.g. 1 or 1,2")
+    listing = sub.add_parser("problems", help="list the problems a batch would select", formatter_class=defaults)
+    listing.set_defaults(run=run_problems)
+    for command in (batch, listing):
+        where = command.add_mutually_exclusive_group()
+        where.add_argument(
+            "--kernelbench",
+            type=Path,
+            default=None,
+            help="KernelBench checkout (default $KERNELBENCH_PATH, else the HF dataset)",
+        )
+        where.add_argument("--problems", help="a problem spec instead, e.g. builtin or builtin:gpu")
+        command.add_argument("--level", type=_levels, default=[1], help="KernelBench level(s), e.g. 1 or 1,2")
     batch.add_argument("--candidates", type=Path, required=True, help="folder of candidate files named after problems")
     batch.add_argument("--concurrency", type=_positive, default=4, help="evaluations in flight at once")
-    batch.add_argument("--out", type=Path, default=None, help="write one JSON line per problem here")
+    batch.add_argument("--out", type=Path, default=None, help="write one JSON line per reported problem here")
+    batch.add_argument(
+        "--all", action="store_true", help="report every selected problem; missing candidates count as failed"
+    )
     batch.set_defaults(run=run_batch)
     return parser
 
@@ -374,7 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args))
     except CliError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"kernel-agent: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -77,6 +77,41 @@ def test_format_table_aligns_columns():
     assert lines[2] == "xyz  1" and lines[3] == "q    22"
 
 
+def test_batch_report_over_all_selected_counts_missing_as_failed():
+    problem = problems.get_problem("builtin/swish_manual")
+    rows = [cli.BatchRow(problem, None), cli.BatchRow(problem, None)]
+    text = cli.batch_report(rows)
+    assert "2 selected, 0 with a candidate" in text and "missing candidates count as failed" in text
+
+
+def test_note_states_the_cause_of_a_traceback():
+    message = (
+        'the reference failed: Traceback (most recent call last):\n  File "ref.py", line 3, in forward\n'
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 6.00 GiB\n"
+    )
+    note = cli.message_cause(message)
+    assert note.startswith("the reference failed: torch.OutOfMemoryError: CUDA out of memory")
+    assert "Traceback" not in note and "fix:" in note
+    assert cli.message_cause("does not compile\nmore") == "does not compile"
+
+
+def test_timeout_goes_into_the_request():
+    args = cli.build_parser().parse_args(["score", "--reference", "r.py", "--candidate", "c.py", "--timeout", "30"])
+    assert cli.make_request(args, "x = 1", "y = 2").timeout_s == 30.0
+    assert cli.http_timeout(args) > 30.0
+
+
+def test_kernel_agent_dispatches_and_rejects_unknown(capsys: pytest.CaptureFixture[str]):
+    from services.cli import main as kernel_agent
+
+    assert kernel_agent(["problems", "--problems", "builtin"]) == 0
+    assert "builtin/swish_manual" in capsys.readouterr().out
+    assert kernel_agent(["serve", "nothing"]) == 2
+    assert "unknown command" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        kernel_agent(["score", "--timeout", "0", "--reference", "a", "--candidate", "b"])
+
+
 def test_candidate_matching_both_layouts(tmp_path: Path):
     picked = [p for p in problems.builtin_problems() if p.name in {"swish_manual", "row_l2_norm", "mse_reduction"}]
     kb = [
@@ -204,12 +239,16 @@ def test_batch_scores_a_folder_and_reports_fast_p(evaluator_url: str, tmp_path: 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[2/2]" in proc.stderr, proc.stderr
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["problem_id"] for r in records] == [p.id for p in loaded]
-    assert [r["status"] for r in records] == ["correct", "incorrect", "missing"], records
+    # only the problems with a candidate are reported, and fast_p is over them (--all: over every selected one)
+    assert [r["problem_id"] for r in records] == [p.id for p in loaded[:2]]
+    assert [r["status"] for r in records] == ["correct", "incorrect"], records
+    assert "3_row_l2_norm" not in proc.stdout
+    assert "3 selected, 2 with a candidate" in proc.stdout and "fast_p over 2 problem(s)" in proc.stdout
     speedup = records[0]["result"]["speedup"]
     assert speedup > 0
-    assert "fast_0: 0.333" in proc.stdout, proc.stdout
+    assert "fast_0: 0.500" in proc.stdout, proc.stdout
     for p in (1.0, 1.5, 2.0):
-        assert f"fast_{p:g}: {(1 / 3 if speedup > p else 0.0):.3f}" in proc.stdout, (speedup, proc.stdout)
+        assert f"fast_{p:g}: {(1 / 2 if speedup > p else 0.0):.3f}" in proc.stdout, (speedup, proc.stdout)
+    assert "scoring 2 candidate(s)" in proc.stderr
     geomean = float(re.search(r"geomean speedup \(correct\): ([\d.]+)x", proc.stdout).group(1))
     assert math.isclose(geomean, speedup, rel_tol=1e-3, abs_tol=1e-3)
