@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from services.evaluator import build_cache, gpu_checks, sandbox
+from services.evaluator import build_cache, gpu_checks, output_digest, sandbox
 from services.evaluator.backends import BACKENDS, get_backend, resolve_device
 from services.evaluator.compare import Comparison, compare_outputs, load_data
 from services.evaluator.config import HACK_FLAGS, Settings
@@ -62,10 +62,11 @@ UNEXPLAINED_Z = 3.09
 TIMING_ROUNDS = 3
 # The room a report has below the judge's clock, as a share of the candidate's own time per block, at most.
 MAX_ROOM_SHARE = 0.25
-# A worker's input sets for timing take at most 1/this of its memory limit.
-TIMING_SETS_MEMORY_SHARE = 8
-# Most calls in one timed block.
+# The input sets and outputs a worker holds for one timed block take at most 1/this of its memory limit.
+BLOCK_MEMORY_SHARE = 8
+# Most calls in one timed block, and the longest a block grows to (by the judge's clock).
 MAX_BLOCK_CALLS = 10_000
+MAX_BLOCK_S = 0.25
 
 
 class InvalidRequestError(ValueError):
@@ -259,15 +260,23 @@ class Evaluator:
 
 @dataclass
 class Block:
-    """One timed block as the judge saw it: the calls' set names, the reported milliseconds, the wall time."""
+    """One timed block as the judge saw it: the reported milliseconds of its calls, their length by the judge's
+    clock and their wall time (see Judge._command), the reported digest of the outputs (output_digest), and how
+    long drawing the inputs and the digest took by the judge's clock."""
 
-    calls: list[str]
     ms: list[float]
+    clocked_s: float
     wall_s: float
+    digest: Any = None
+    drawn_s: float = 0.0
+    digest_s: float = 0.0
 
     @property
     def unexplained_s(self) -> float:
-        return self.wall_s - sum(self.ms) / 1e3
+        """The judge's clock less what the report explains. On a CPU the reported times are wall time and the clock is
+        CPU time, so the report is scaled by the share of the block the job was on a CPU (time waiting for one
+        stretches the calls and the work around them alike)."""
+        return self.clocked_s * (1 - sum(self.ms) / 1e3 / max(self.wall_s, 1e-9))
 
     @property
     def per_call_ms(self) -> float:
@@ -298,8 +307,11 @@ class Judge:
         self.gpu = self.pool.placement(device)
         self.checks = 0
         self.builds = 0
+        # Seeds of input sets drawn in this evaluation (the correctness sets' too): timed calls never repeat one.
+        self.used_seeds = {(seed + 1 + trial) % (1 << 32) for trial in range(self.trials + RECHECK_SETS)}
         # The workers timed against each other: while one runs a block, the other is stopped.
         self.pair: list[Worker] = []
+        self.timer: Worker | None = None
 
     @property
     def trials(self) -> int:
@@ -307,19 +319,12 @@ class Judge:
 
     @property
     def max_block_calls(self) -> int:
-        """Most calls in a block: a worker keeps every output of a block until the judge has chosen which to check,
-        so a block's outputs take at most an eighth of a worker's memory limit (on a GPU, of its memory)."""
-        output_bytes = max(1, _nbytes(self.reference.expected[0]))
-        budget = (self.settings.memory_limit_mb << 20) // TIMING_SETS_MEMORY_SHARE
-        return max(1, min(MAX_BLOCK_CALLS, budget // output_bytes))
-
-    @property
-    def timing_sets(self) -> int:
-        """Input sets the timed calls cycle through: every correctness set whose inputs fit an eighth of a
-        worker's memory limit together (each worker holds the sets it is timed on)."""
-        set_bytes = max(1, max(len(data) for data in self.reference.input_bytes))
-        budget = (self.settings.memory_limit_mb << 20) // TIMING_SETS_MEMORY_SHARE
-        return max(1, min(self.trials, budget // set_bytes))
+        """Most calls in a block: a worker holds every input set of a block from the draw and every output until the
+        judge has chosen which to check, so together they take at most an eighth of a worker's memory limit (on a
+        GPU, of its memory)."""
+        call_bytes = max(1, _nbytes(self.reference.expected[0]) + _nbytes(self.reference.inputs[0]))
+        budget = (self.settings.memory_limit_mb << 20) // BLOCK_MEMORY_SHARE
+        return max(1, min(MAX_BLOCK_CALLS, budget // call_bytes))
 
     async def run(self) -> CandidateRun:
         state = self.run_state
@@ -330,7 +335,7 @@ class Judge:
             state.phases["startup"] = job_sent_at - asked_at
             await candidate.send(
                 {"role": "candidate", "candidate_source": self.request.candidate_source, "seed": self.seed,
-                 "trials": self.trials}
+                 "trials": self.trials, "reference_source": self.request.reference_source}
             )  # fmt: skip
             try:
                 await self._correctness(candidate, job_sent_at)
@@ -470,33 +475,41 @@ class Judge:
             await asyncio.to_thread(_hand_over, timer, self.reference, range(self.trials))
             await timer.send({"role": "timer", "reference_source": self.request.reference_source, "seed": self.seed})
             ready = await timer.expect({"ready_to_time", "error"}, self.deadline)
-            self.pair = [candidate, timer]
+            self.pair, self.timer = [candidate, timer], timer
             if ready is None or ready["event"] != "ready_to_time":
                 detail = (ready or {}).get("message") or "the reference timer did not start"
                 raise EvaluatorFailure(f"the reference could not be timed: {detail}")
             kernels = await self._profile(candidate) if self.request.require_custom_kernel else None
             calls = await self._warm_up(candidate, timer)
+            previous_share, chosen = math.inf, None
             for round_index in range(TIMING_ROUNDS):
                 blocks = await self._timed_blocks(candidate, timer, calls)
-                timing = judge_timing(blocks, self.reference, ready, self.request, kernels)
+                share = room_share(blocks)
+                timing = judge_timing(blocks, self.reference, ready, self.request, kernels, share)
+                if "implausible_timing" not in timing.flags and (chosen is None or share < chosen[0]):
+                    # The round the judge's clock resolved best counts: longer blocks can be noisier on a loaded CPU.
+                    chosen = (share, timing)
                 last = round_index == TIMING_ROUNDS - 1
                 if last or "stale_output" in self.run_state.flags:
                     break
-                growth = block_growth(blocks)
-                if growth > 1 and calls < self.max_block_calls:
-                    # The judge's clock cannot yet tell the candidate's blocks from its own noise: longer blocks.
-                    calls = min(self.max_block_calls, math.ceil(calls * growth))
+                longest = self._longest_block_calls(blocks, calls)
+                if share > MAX_ROOM_SHARE and calls < longest and share < previous_share * 2 / 3:
+                    # The judge's clock cannot yet tell the candidate's blocks from its own noise: longer blocks,
+                    # as long as they help (noise that grows with the block, a loaded CPU's, does not shrink).
+                    growth = min(16.0, share / MAX_ROOM_SHARE * 1.5)
+                    calls = min(longest, math.ceil(calls * growth))
                 elif "implausible_timing" not in timing.flags:
                     # A burst of load can hit most blocks of one round; a false report is seen in every round.
                     break
+                previous_share = share
             await self._recheck(candidate)
             await timer.send({"op": "exit"})
         self.run_state.phases["timing"] = time.monotonic() - timing_started
-        self.run_state.timing = timing
+        self.run_state.timing = chosen[1] if chosen is not None else timing
 
     async def _warm_up(self, candidate: Worker, timer: Worker) -> int:
         """Warm both up; the calls per block that make the reference's block last `min_sample_ms`."""
-        warmup = [str(i % self.timing_sets) for i in range(max(1, self.request.warmup_trials))]
+        warmup = self._fresh_seeds(max(1, self.request.warmup_trials))
         reference_warm = await self._block(timer, warmup)
         await self._block(candidate, warmup)
         # Both sides run blocks of the same calls, sized from the reference's (trusted) time, so the time the
@@ -504,21 +517,51 @@ class Judge:
         per_call_ms = max(1e-4, min(reference_warm.ms))  # the first calls are cold
         return max(1, min(self.max_block_calls, math.ceil(self.settings.min_sample_ms / per_call_ms)))
 
+    def _longest_block_calls(self, blocks: dict[str, list[Block]], calls: int) -> int:
+        """Most calls a block may grow to: within max_block_calls, and lasting at most MAX_BLOCK_S on either side
+        by this round's blocks."""
+        longest = max(statistics.median(b.clocked_s for b in side) for side in blocks.values() if side)
+        return max(calls, min(self.max_block_calls, math.floor(calls * MAX_BLOCK_S / max(longest, 1e-6))))
+
+    def _fresh_seeds(self, count: int) -> list[int]:
+        """Seeds of input sets no worker has seen, each call of a timed block draws its inputs from one. 32 bits
+        (torch's CPU generator uses no more of a seed), random, and never one used before in this evaluation."""
+        seeds: list[int] = []
+        while len(seeds) < count:
+            seed = secrets.randbits(32)
+            if seed not in self.used_seeds:
+                self.used_seeds.add(seed)
+                seeds.append(seed)
+        return seeds
+
     async def _timed_blocks(self, candidate: Worker, timer: Worker, calls: int) -> dict[str, list[Block]]:
-        """`timing_trials` blocks of `calls` calls on each side, alternating which goes first; after some of the
-        candidate's blocks, one call's output is checked."""
-        sets = self.timing_sets
+        """`timing_trials` blocks of `calls` calls on each side, alternating which goes first, every call on fresh
+        inputs drawn from a seed sent with the block. Each candidate block's digest is checked against the
+        reference's; after some blocks, one call's whole output is checked against the reference's."""
         blocks: dict[str, list[Block]] = {"reference": [], "candidate": []}
         for index in range(self.request.timing_trials):
-            names = [str((index * calls + i) % sets) for i in range(calls)]
+            seeds, digest_seed = self._fresh_seeds(calls), secrets.randbits(62)
             order = ("reference", "candidate") if index % 2 == 0 else ("candidate", "reference")
             for role in order:
                 worker = timer if role == "reference" else candidate
-                blocks[role].append(await self._block(worker, names))
+                blocks[role].append(await self._block(worker, seeds, digest_seed=digest_seed))
+            wrong = output_digest.mismatch(
+                blocks["reference"][-1].digest,
+                blocks["candidate"][-1].digest,
+                calls,
+                self.request.atol,
+                self.request.rtol,
+            )
+            if wrong:
+                self.run_state.flags["stale_output"] = (
+                    f"the outputs of timed block {index} were wrong on its fresh inputs ({wrong}): an answer cached, "
+                    "computed before its inputs changed, or not computed"
+                )
+                break
             last = index == self.request.timing_trials - 1
             if last or random.random() < CHECK_PROBABILITY:
                 call = random.randrange(calls)
-                if not await self._check(candidate, call, int(names[call])):
+                if not await self._check(candidate, call, await self._timer_output(timer, call)):
                     self.run_state.flags["stale_output"] = (
                         f"the output of timed call {call} of block {index} was wrong (an answer cached or computed "
                         "before its inputs changed)"
@@ -526,26 +569,67 @@ class Judge:
                     break
         return blocks
 
-    async def _block(self, worker: Worker, names: list[str], fresh: bool = False) -> Block:
-        """One block of timed calls; the other worker of the pair is stopped meanwhile (see _paused)."""
-        nonce = secrets.token_hex(8)
-        async with self._paused(worker):
-            sent_at = time.monotonic()
-            await worker.send({"op": "block", "calls": names, "nonce": nonce, "fresh": fresh})
-            reply = await worker.expect({"block", "error"}, self.deadline)
-            wall_s = time.monotonic() - sent_at
-        if reply is None or reply["event"] == "error":
-            raise CandidateFailure
+    async def _block(
+        self, worker: Worker, seeds: list[int], digest_seed: int | None = None, handed_over: int | None = None
+    ) -> Block:
+        """One block, each step timed by the judge with the other worker stopped: draw the inputs from `seeds` (or
+        take the handed-over set), a timed call on each, then the digest of the outputs under `digest_seed`."""
+        drawn_s = 0.0
+        if handed_over is None:
+            drawn_s = (await self._command(worker, {"op": "draw", "seeds": seeds}, "drawn", clocked=True))[1]
+        command = {"op": "block", "set": handed_over}
+        reply, clocked_s, wall_s = await self._command(worker, command, "block", clocked=True)
         ms = reply.get("ms")
-        if (
-            reply.get("nonce") != nonce
-            or not isinstance(ms, list)
-            or len(ms) != len(names)
-            or not all(isinstance(v, int | float) and math.isfinite(v) and v >= 0 for v in ms)
+        calls = len(seeds) + (handed_over is not None)
+        if not (
+            isinstance(ms, list)
+            and len(ms) == calls
+            and all(isinstance(v, int | float) and math.isfinite(v) and v >= 0 for v in ms)
         ):
-            self.run_state.flags["result_tampering"] = "a timing reply the judge did not ask for, or malformed"
+            self.run_state.flags["result_tampering"] = "a malformed timing reply"
             raise CandidateFailure
-        return Block(names, [float(v) for v in ms], wall_s)
+        block = Block([float(v) for v in ms], clocked_s, wall_s, drawn_s=drawn_s)
+        if digest_seed is not None:
+            command = {"op": "digest", "seed": digest_seed}
+            reply, block.digest_s, _ = await self._command(worker, command, "digested", clocked=True)
+            block.digest = reply.get("digest")
+            if not output_digest.valid(block.digest):
+                self.run_state.flags["result_tampering"] = "a malformed digest"
+                raise CandidateFailure
+        return block
+
+    async def _command(
+        self, worker: Worker, command: dict[str, Any], reply: str, clocked: bool = False
+    ) -> tuple[dict[str, Any], float, float]:
+        """Send one timing command with the other worker of the pair stopped (see _paused); the reply carrying its
+        nonce, how long the job took for it by the judge's clock (`clocked`), and the wall time.
+
+        On a GPU the clock is the wall time until the reply. On a CPU it is the CPU time every process of the job
+        used meanwhile, per torch thread: the machine's load does not move it, so the work around the calls
+        (drawing inputs, the digest) costs both sides the same, and a report can claim no less time than the CPU
+        work it did. A process of the job that exits meanwhile takes its CPU time with it (see docs/evaluator.md)."""
+        nonce = secrets.token_hex(8)
+        on_cpu = clocked and self.gpu is None
+        async with self._paused(worker):
+            cpu_before = await asyncio.to_thread(_job_cpu_s, worker) if on_cpu else 0.0
+            sent_at = time.monotonic()
+            await worker.send({**command, "nonce": nonce})
+            event = await worker.expect({reply, "error"}, self.deadline)
+            wall_s = clocked_s = time.monotonic() - sent_at
+            if on_cpu:
+                used = await asyncio.to_thread(_job_cpu_s, worker) - cpu_before
+                clocked_s = used / self.settings.threads_per_worker
+        if event is None and time.monotonic() >= self.deadline:
+            raise CandidateFailure  # the evaluation's time ran out (the verdict says so), whoever was running
+        if worker is self.timer and (event is None or event["event"] == "error"):
+            detail = (event or {}).get("message") or "the reference timer stopped answering"
+            raise EvaluatorFailure(f"the reference could not be timed: {detail}")
+        if event is None or event["event"] == "error":
+            raise CandidateFailure
+        if event.get("nonce") != nonce:
+            self.run_state.flags["result_tampering"] = "a timing reply the judge did not ask for"
+            raise CandidateFailure
+        return event, clocked_s, wall_s
 
     @contextlib.asynccontextmanager
     async def _paused(self, active: Worker) -> AsyncIterator[None]:
@@ -560,8 +644,28 @@ class Judge:
             if stopped:
                 await asyncio.to_thread(_signal_jobs, others, signal.SIGCONT)
 
-    async def _check(self, candidate: Worker, call: int, trial: int) -> bool:
-        """Ask for one call's output of the last block and compare it with the reference's on that input set."""
+    async def _timer_output(self, timer: Worker, call: int) -> Any:
+        """The reference's output of one call of its last block (the same inputs as the candidate's call)."""
+        self.checks += 1
+        nonce = secrets.token_hex(8)
+        await timer.send({"op": "save", "call": call, "check": self.checks, "nonce": nonce})
+        reply = await timer.expect({"saved", "error"}, self.deadline)
+        if reply is None or reply["event"] == "error" or reply.get("nonce") != nonce:
+            raise EvaluatorFailure(f"the reference timer could not save an output: {(reply or {}).get('message')}")
+        try:
+            data = await asyncio.to_thread(
+                read_file_beneath,
+                timer.root,
+                f"home/checks/{self.checks}/0.pt",
+                self.settings.max_file_mb << 20,
+                timer.uid,
+            )
+            return load_data(data)["outputs"]
+        except Exception as exc:
+            raise EvaluatorFailure(f"the reference's timed output is unreadable: {type(exc).__name__}: {exc}") from exc
+
+    async def _check(self, candidate: Worker, call: int, expected: Any) -> bool:
+        """Ask for one call's output of the last block and compare it with the reference's on the same inputs."""
         self.checks += 1
         nonce = secrets.token_hex(8)
         await candidate.send({"op": "save", "call": call, "check": self.checks, "nonce": nonce})
@@ -574,7 +678,7 @@ class Judge:
         comparison = await asyncio.to_thread(
             compare_outputs,
             candidate.root / "home" / "checks" / str(self.checks),
-            [self.reference.expected[trial]],
+            [expected],
             [[]],
             self.request.atol,
             self.request.rtol,
@@ -599,8 +703,8 @@ class Judge:
         if not handed:
             self.run_state.flags["result_tampering"] = "the job replaced the inputs directory the service gave it"
             raise CandidateFailure
-        await self._block(candidate, [str(recheck)], fresh=True)
-        if not await self._check(candidate, 0, recheck):
+        await self._block(candidate, [], handed_over=recheck)
+        if not await self._check(candidate, 0, self.reference.expected[recheck]):
             self.run_state.flags["stale_output"] = "wrong answer on new inputs in the buffers that were timed"
 
     async def _profile(self, candidate: Worker) -> list[str] | None:
@@ -630,43 +734,73 @@ def hides_work(reference: list[Block], candidate: list[Block]) -> bool:
     spread = math.sqrt(n * m * (n + m + 1) / 12)
     z = (wins - n * m / 2 - 0.5) / spread if spread else 0.0
     excess = statistics.median(ours) - statistics.median(theirs)
-    slack = UNEXPLAINED_SHARE * statistics.median(b.wall_s for b in candidate) + UNEXPLAINED_SLACK_S
+    slack = UNEXPLAINED_SHARE * statistics.median(b.clocked_s for b in candidate) + UNEXPLAINED_SLACK_S
     return z > UNEXPLAINED_Z and excess > slack
+
+
+def slower_outside_calls(reference: list[Block], candidate: list[Block]) -> str:
+    """Which step around the timed calls (drawing the inputs, the digest) took the candidate longer than the
+    reference in nearly every pair of blocks, or "". Both run the same code there, so more time is work moved out
+    of the timed calls: answers computed while the inputs were drawn, or only when the digest asked for them."""
+    for step, ours, theirs in (
+        ("drawing the inputs", [b.drawn_s for b in candidate], [b.drawn_s for b in reference]),
+        ("the output digest", [b.digest_s for b in candidate], [b.digest_s for b in reference]),
+    ):
+        if _ranks_above(ours, theirs):
+            return (
+                f"{step} took {statistics.median(ours) * 1e3:.3f} ms per block (median) by the judge's clock against "
+                f"{statistics.median(theirs) * 1e3:.3f} ms for the reference, in nearly every pair of blocks: work "
+                "moved out of the timed calls"
+            )
+    return ""
+
+
+def _ranks_above(ours: list[float], theirs: list[float]) -> bool:
+    """A one-sided Mann-Whitney test (normal approximation): `ours` above `theirs` in nearly every pair (z above
+    UNEXPLAINED_Z), with medians apart by more than UNEXPLAINED_SHARE of ours plus the slack."""
+    n, m = len(ours), len(theirs)
+    if not n or not m:
+        return False
+    wins = sum(1.0 if c > r else 0.5 if c == r else 0.0 for c in ours for r in theirs)
+    spread = math.sqrt(n * m * (n + m + 1) / 12)
+    z = (wins - n * m / 2 - 0.5) / spread if spread else 0.0
+    excess = statistics.median(ours) - statistics.median(theirs)
+    return z > UNEXPLAINED_Z and excess > UNEXPLAINED_SHARE * statistics.median(ours) + UNEXPLAINED_SLACK_S
 
 
 def judge_room_s(reference: list[Block], clocked_s: float) -> float:
     """Seconds per block by which a report may fall short of the judge's clock unseen: three times the median
     absolute deviation of the reference's overhead (its process is honest, so this is noise), 10 % of the block
-    and the slack. block_growth keeps it under a quarter of the candidate's block."""
+    and the slack. Longer blocks keep it under a quarter of the candidate's block where they can (room_share)."""
     overhead = statistics.median(b.unexplained_s for b in reference)
     jitter = statistics.median(abs(b.unexplained_s - overhead) for b in reference)
     return JITTER_FACTOR * jitter + CLOCKED_SHARE * clocked_s + UNEXPLAINED_SLACK_S
 
 
-def block_growth(blocks: dict[str, list[Block]]) -> float:
-    """How much longer blocks must be for the room a report has to be at most a quarter of the candidate's own
-    time per block (1 when it already is): a report can then claim at most a third more speed than it has."""
+def room_share(blocks: dict[str, list[Block]]) -> float:
+    """The room a report has below the judge's clock (judge_room_s) as a share of the candidate's own time per
+    block by that clock. At most MAX_ROOM_SHARE, a report can claim at most a third more speed than it has; above,
+    the judge cannot check a report to that precision."""
     reference, candidate = blocks["reference"], blocks["candidate"]
     if not reference or not candidate:
-        return 1.0
+        return 0.0
     overhead = statistics.median(b.unexplained_s for b in reference)
-    clocked = max(1e-6, statistics.median(b.wall_s - overhead for b in candidate))
-    room = judge_room_s(reference, clocked)
-    return 1.0 if room <= MAX_ROOM_SHARE * clocked else min(16.0, room / (MAX_ROOM_SHARE * clocked) * 1.5)
+    clocked = max(1e-6, statistics.median(b.clocked_s - overhead for b in candidate))
+    return judge_room_s(reference, clocked) / clocked
 
 
 def judge_clocked_ms(reference: list[Block], candidate: list[Block]) -> list[float] | None:
     """The candidate's per-call samples by the judge's clock, where its report is faster than that clock allows.
 
-    A block's wall time less the reference's median overhead (the pipe, the refills: the same on both sides) is an
-    estimate of the candidate's time for the block. A report below it by more than `judge_room_s` is not
-    believed, and the judge's estimate replaces it. None when the report holds."""
+    A block by the judge's clock less the reference's median overhead (the pipe, the refills: the same on both
+    sides) is an estimate of the candidate's time for the block. A report below it by more than
+    `judge_room_s` is not believed, and the judge's estimate replaces it. None when the report holds."""
     overhead = statistics.median(b.unexplained_s for b in reference)
     reported = statistics.median(sum(b.ms) / 1e3 for b in candidate)
-    clocked = statistics.median(b.wall_s - overhead for b in candidate)
+    clocked = statistics.median(b.clocked_s - overhead for b in candidate)
     if reported >= clocked - judge_room_s(reference, clocked):
         return None
-    return [max(0.0, b.wall_s - overhead) * 1e3 / len(b.ms) for b in candidate]
+    return [max(0.0, b.clocked_s - overhead) * 1e3 / len(b.ms) for b in candidate]
 
 
 def judge_timing(
@@ -675,13 +809,16 @@ def judge_timing(
     ready: dict[str, Any],
     request: EvaluateRequest,
     kernels: list[str] | None,
+    share: float = 0.0,
 ) -> TimingResult:
     """Per-call milliseconds of each side (one sample per block) and the flags the judge's clock raises."""
     ref_blocks, cand_blocks = blocks["reference"], blocks["candidate"]
     flags: dict[str, str] = {}
     if ref_blocks and cand_blocks:
-        if any(b.unexplained_s < -1e-3 for b in cand_blocks):
+        if any(b.wall_s - sum(b.ms) / 1e3 < -1e-3 for b in cand_blocks):
             flags["implausible_timing"] = "the reported times exceed the time that elapsed"
+        elif slower_outside_calls(ref_blocks, cand_blocks):
+            flags["implausible_timing"] = slower_outside_calls(ref_blocks, cand_blocks)
         elif hides_work(ref_blocks, cand_blocks):
             flags["implausible_timing"] = (
                 f"the judge's clock leaves {statistics.median(b.unexplained_s for b in cand_blocks) * 1e3:.3f} ms "
@@ -690,6 +827,7 @@ def judge_timing(
                 "nearly every pair of blocks: work off the timed stream, or a false report"
             )
     candidate_ms = [b.per_call_ms for b in cand_blocks]
+    ref_ms = [b.per_call_ms for b in ref_blocks]
     if ref_blocks and cand_blocks and "implausible_timing" not in flags:
         clocked = judge_clocked_ms(ref_blocks, cand_blocks)
         if clocked is not None:
@@ -697,6 +835,17 @@ def judge_timing(
             flags["timed_by_judge"] = (
                 "the candidate's reported times are faster than the judge's clock allows; its samples are the "
                 "judge's (each block's wall time less the reference's median overhead, per call)"
+            )
+        elif share >= 1 and statistics.median(candidate_ms) < statistics.median(ref_ms):
+            # The judge cannot tell whether the candidate's calls took any time at all: a report it cannot check
+            # buys no speed. Up to the reference's, it stands; beyond, it is cut. (Below a share of 1, a false
+            # report gains at most 1 / (1 - share) by the room judge_clocked_ms leaves it.)
+            ceiling = statistics.median(ref_ms)
+            candidate_ms = [max(ms, ceiling) for ms in candidate_ms]
+            flags["unverified_timing"] = (
+                f"the judge's clock could check the reported times only to {share:.0%} of the candidate's time: the "
+                "calls are short against the noise of the work around them (drawing inputs, the digest, the "
+                "machine's load), so no speed beyond the reference's is credited"
             )
     bandwidth = ready.get("bandwidth_gbs")
     if isinstance(bandwidth, int | float) and bandwidth > 0 and candidate_ms:
@@ -714,7 +863,7 @@ def judge_timing(
                 f"launched only {', '.join(kernels[:8]) or 'no kernels'}; own kernels: {', '.join(sorted(own)) or 'none'}"
             )
     return TimingResult(
-        reference_ms=[b.per_call_ms for b in ref_blocks],
+        reference_ms=ref_ms,
         candidate_ms=candidate_ms,
         calls_per_sample=len(cand_blocks[0].ms) if cand_blocks else 0,
         flags=flags,
@@ -730,6 +879,16 @@ def _hand_over(worker: Worker, reference: ReferenceData, trials: range) -> None:
     for trial in trials:
         write_readonly_file(inputs_dir / f"inputs_{trial}.pt", reference.input_bytes[trial])
     inputs_dir.chmod(0o555)
+
+
+def _job_cpu_s(worker: Worker) -> float:
+    """CPU seconds used so far by the processes of a worker's job, every thread counted (those that exited too),
+    read from the kernel's per-process CPU clocks."""
+    total = 0.0
+    for proc in sandbox.processes_of(worker.uid, [worker.proc.pid]):
+        with contextlib.suppress(OSError):
+            total += time.clock_gettime(((~proc.pid) << 3) | 2)  # the process's CPUCLOCK_SCHED clock id
+    return total
 
 
 def _signal_jobs(workers: list[Worker], signum: int) -> list[int]:

@@ -7,7 +7,8 @@ here decides a verdict.
 Roles:
 - `reference`: draw every trial's inputs with the reference's `get_inputs`, run `Model`, save inputs and outputs.
 - `candidate`: import the candidate (its extension builds are requested from the service), write its outputs
-  on the correctness inputs, then serve timing commands.
+  on the correctness inputs, then serve timing commands (timed calls draw fresh inputs with the reference's
+  `get_inputs`, from seeds the judge sends with each block).
 - `timer`: the reference model, served with the same timing commands in a process of its own, so a candidate
   can never reach the model it is timed against.
 - `build`: compile one extension the candidate asked for; nothing of the candidate is imported.
@@ -31,7 +32,7 @@ from typing import IO, Any
 import torch
 import torch.utils.cpp_extension  # noqa: F401 - imported before candidate code, so build_cache can wrap it
 
-from services.evaluator import build_cache, gpu_checks, pch
+from services.evaluator import build_cache, gpu_checks, output_digest, pch
 from services.evaluator.backends import KernelBackend, get_backend, triton_support
 from services.evaluator.guards import Guard
 
@@ -159,6 +160,8 @@ def _load_inputs(path: Path) -> list[Any]:
 
 def run_candidate(context: WorkerContext, job: dict[str, Any]) -> None:
     """Build ModelNew, write its outputs on the correctness inputs when told to, then serve timing commands."""
+    # The reference's source only draws the timed calls' inputs here; the reference model is timed elsewhere.
+    inputs_module = load_source("kernel_inputs", job["reference_source"], context.home / "reference.py")
     guard = Guard()
     loader = build_cache.install(context.backend.name, context.emit, context.control)
     inputs_dir = context.home / "inputs"
@@ -188,7 +191,7 @@ def run_candidate(context: WorkerContext, job: dict[str, Any]) -> None:
         return
     loader.closed = True
     context.emit("outputs_written", replaced=guard.replaced())
-    serve_timing(context, model, guard)
+    serve_timing(context, model, InputSets(context, inputs_module.get_inputs), guard)
 
 
 def run_timer(context: WorkerContext, job: dict[str, Any]) -> None:
@@ -201,67 +204,107 @@ def run_timer(context: WorkerContext, job: dict[str, Any]) -> None:
     if context.backend.name == "cuda":
         fields["bandwidth_gbs"] = gpu_checks.measure_bandwidth_gbs(context.backend.device_string())
     context.emit("ready_to_time", device=context.backend.describe(), **fields)
-    serve_timing(context, model, None)
+    serve_timing(context, model, InputSets(context, module.get_inputs), None)
 
 
 class InputSets:
-    """Input sets by name (files the service handed over), and one set of buffers every call reads from.
+    """The next block's inputs, and one set of buffers every call reads from.
 
-    Before each call the buffers are refilled with the named set's values: the candidate always sees the same
-    tensor objects and data pointers holding different data, so an answer cached per buffer is stale."""
+    A timed block's inputs are drawn with the reference's `get_inputs` from seeds the judge sends just before it,
+    one set per call; the re-check's are a set the service handed over as a file. Before each call the buffers are
+    refilled with the call's values: the candidate always sees the same tensor objects and data pointers holding
+    different data, so an answer cached per buffer is stale."""
 
-    def __init__(self, context: WorkerContext) -> None:
+    def __init__(self, context: WorkerContext, get_inputs: Callable[[], Any]) -> None:
         self.context = context
-        self.sets: dict[str, list[Any]] = {}
+        self.get_inputs = get_inputs
+        self.drawn: list[list[Any]] = []
         self.buffers: list[Any] | None = None
 
-    def refill(self, name: str) -> list[Any]:
-        if name not in self.sets:
-            path = self.context.home / "inputs" / f"inputs_{name}.pt"
-            self.sets[name] = self.context.backend.prepare_inputs(_load_inputs(path))
-        values = self.sets[name]
+    def draw_all(self, seeds: list[int]) -> None:
+        self.drawn = []  # the last block's sets are freed first
+        self.drawn = [self.draw(seed) for seed in seeds]
+
+    def draw(self, seed: int) -> list[Any]:
+        backend = self.context.backend
+        _seed_draw(seed, backend)
+        if backend.name == "cuda":
+            with torch.device(backend.device_string()):
+                return backend.prepare_inputs(list(self.get_inputs()))
+        return backend.prepare_inputs(list(self.get_inputs()))
+
+    def handed_over(self, name: str) -> list[Any]:
+        path = self.context.home / "inputs" / f"inputs_{name}.pt"
+        return self.context.backend.prepare_inputs(_load_inputs(path))
+
+    def refill(self, values: list[Any]) -> list[Any]:
         if self.buffers is None:
             self.buffers = clone_inputs(values)
         for index, value in enumerate(values):
-            if isinstance(value, torch.Tensor):
-                _copy(self.buffers[index], value)
+            buffer = self.buffers[index]
+            if isinstance(value, torch.Tensor) and isinstance(buffer, torch.Tensor) and buffer.shape == value.shape:
+                _copy(buffer, value)
             else:
-                self.buffers[index] = value
+                self.buffers[index] = value.clone() if isinstance(value, torch.Tensor) else value
         self.context.backend.synchronize()
         return self.buffers
 
 
-def serve_timing(context: WorkerContext, model: Any, guard: Guard | None) -> None:
-    """Answer the judge's commands until it says `exit` or closes the pipe.
+def serve_timing(context: WorkerContext, model: Any, inputs: InputSets, guard: Guard | None) -> None:
+    """Answer the judge's commands until it says `exit` or closes the pipe. The judge times every command from
+    outside, on both sides, and compares.
 
-    `block`: one timed call per named input set, each on refilled buffers; the reply carries every call's
-    milliseconds and the judge's nonce. The judge times the whole block from outside and keeps the reported
-    numbers only where its own clock agrees. `save`: write the output of one call of the last block, chosen by
-    the judge after the block ended, for it to check. Correctness checks and timed calls go through this one
+    `draw`: draw the next block's inputs, one set per seed. `block`: one timed call per drawn set (or on the
+    handed-over set `set`), each on refilled buffers; the reply carries every call's milliseconds and the judge's
+    nonce; the judge keeps the reported numbers only where its clock agrees. `digest`: a digest of the last
+    block's outputs under weights from the judge's seed (output_digest), which the judge checks against the
+    reference's on the same inputs. The judge clocks each command on both sides, so work moved out of the timed
+    calls into drawing or digesting shows as well. `save`: write the output of one call of the last block, chosen
+    by the judge after the block, for it to check in full. Correctness checks and timed calls go through this one
     path, so a candidate cannot tell which of its calls are checked."""
     backend = context.backend
-    inputs = InputSets(context)
     outputs: list[Any] = []
     outputs_like: list[Any] | None = None
     while True:
         command = context.command()
         op = command.get("op")
-        if op == "block":
+        if op == "draw":
+            try:
+                with _no_grad():
+                    inputs.draw_all([int(seed) for seed in command["seeds"]])
+            except BaseException:
+                context.emit("error", stage="timing", message=traceback.format_exc())
+                return
+            context.emit("drawn", nonce=command["nonce"])
+        elif op == "digest":
+            try:
+                with _no_grad():
+                    records = output_digest.block_digest(outputs, int(command["seed"]))
+            except BaseException:
+                context.emit("error", stage="timing", message=traceback.format_exc())
+                return
+            context.emit("digested", nonce=command["nonce"], digest=records)
+        elif op == "block":
             outputs = []
             times = []
             try:
                 with _no_grad():
-                    if command.get("fresh"):
-                        # The re-check: the timing sets are no longer needed, and the freed blocks of the outputs'
-                        # sizes are poisoned on a GPU (an output never written then reads as NaN).
-                        inputs.sets.clear()
+                    if command.get("set") is not None:
+                        # The re-check: the freed blocks of the outputs' sizes are poisoned on a GPU (an output never
+                        # written then reads as NaN).
                         if backend.name == "cuda" and outputs_like is not None:
                             gpu_checks.poison_freed_blocks(outputs_like, backend.device_string())
-                    for name in command["calls"]:
-                        args = inputs.refill(str(name))
-                        milliseconds, out = backend.time_call(model, args)
+                        milliseconds, out = backend.time_call(
+                            model, inputs.refill(inputs.handed_over(str(command["set"])))
+                        )
                         times.append(milliseconds)
                         outputs.append(out)
+                    else:
+                        for values in inputs.drawn:
+                            milliseconds, out = backend.time_call(model, inputs.refill(values))
+                            times.append(milliseconds)
+                            outputs.append(out)
+                        inputs.drawn = []
             except BaseException:
                 context.emit("error", stage="timing", message=traceback.format_exc())
                 return
@@ -277,12 +320,23 @@ def serve_timing(context: WorkerContext, model: Any, guard: Guard | None) -> Non
                 return
             context.emit("saved", nonce=command["nonce"])
         elif op == "profile":
-            launched = gpu_checks.launched_kernel_names(model, inputs.refill(str(command["set"])))
+            launched = gpu_checks.launched_kernel_names(model, inputs.refill(inputs.handed_over(str(command["set"]))))
             context.emit("profiled", nonce=command["nonce"], kernels=launched)
         else:
             context.emit("done", replaced=guard.replaced() if guard is not None else [])
             return
         outputs_like = _output_tensors(outputs)
+
+
+def _seed_draw(seed: int, backend: KernelBackend) -> None:
+    """Seed what `get_inputs` draws from: seed_everything without its cost (torch.manual_seed takes ~75 us, as
+    long as a small problem's call), which timing would pay once per call."""
+    random.seed(seed)
+    torch.default_generator.manual_seed(seed)
+    if backend.name == "cuda":
+        torch.cuda.default_generators[torch.cuda.current_device()].manual_seed(seed)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(seed % 2**32)
 
 
 def _output_tensors(outputs: list[Any]) -> list[Any] | None:

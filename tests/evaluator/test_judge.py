@@ -102,6 +102,76 @@ Guard.replaced = lambda self: []
 """,
 )
 
+# Raises if it is ever called on inputs it has seen before: content memoisation (answers cached by the inputs'
+# bytes) would pay off there. Timed calls draw fresh inputs, so it never raises.
+NEVER_THE_SAME_INPUTS = sources.candidate(
+    """
+key = hash(x.detach().cpu().numpy().tobytes())
+if key in SEEN:
+    raise RuntimeError("called twice on the same inputs: an answer cached by content would be reused here")
+SEEN.add(key)
+return x.clamp_min(0) * self.scale
+""",
+    prelude="SEEN = set()",
+)
+
+# Takes over the worker's timing loop (hidden from the guard: what stops it must be the judge). It reports a tenth
+# of a microsecond per call; __BLOCK__ is what it does in a block, __DIGEST__ its digest of the block's outputs.
+_TAKEOVER = """
+import torch
+import services.evaluator.runner as _runner
+from services.evaluator.guards import Guard
+
+Guard.replaced = lambda self: []
+
+def _serve(context, model, inputs, guard):
+    seeds, outputs, handed_over = [], [], None
+    while True:
+        command = context.command()
+        op = command.get("op")
+        if op == "draw":
+            seeds = [int(s) for s in command["seeds"]]
+            context.emit("drawn", nonce=command["nonce"])
+        elif op == "block":
+            handed_over = command.get("set")
+            with torch.no_grad():
+                outputs = __BLOCK__
+            calls = 1 if handed_over is not None else len(seeds)
+            context.emit("block", nonce=command["nonce"], ms=[0.0001] * calls)
+        elif op == "digest":
+            with torch.no_grad():
+                digest = _runner.output_digest.block_digest(__DIGEST__, int(command["seed"]))
+            context.emit("digested", nonce=command["nonce"], digest=digest)
+        elif op == "save":
+            call = int(command["call"])
+            values = inputs.handed_over(str(handed_over)) if handed_over is not None else inputs.draw(seeds[call])
+            with torch.no_grad():
+                out = model(*inputs.refill(values))
+            directory = context.home / "checks" / str(int(command["check"]))
+            directory.mkdir(parents=True)
+            torch.save({"outputs": out, "inputs_after": []}, directory / "0.pt")
+            context.emit("saved", nonce=command["nonce"])
+        else:
+            context.emit("done", replaced=[])
+            return
+
+_runner.serve_timing = _serve
+"""
+_COMPUTED = "[model(*inputs.refill(inputs.draw(s))) for s in seeds]"
+
+
+def _takeover(block: str, digest: str) -> str:
+    prelude = _TAKEOVER.replace("__BLOCK__", block).replace("__DIGEST__", digest)
+    return sources.candidate("return x.clamp_min(0) * self.scale", prelude=prelude)
+
+
+# Computes nothing in a block, and digests zeros.
+IDLE_TAKEOVER = _takeover("[]", "[torch.zeros(64, 64)] * len(seeds)")
+# Computes nothing in a block, and the outputs only when the digest asks for them.
+LAZY_TAKEOVER = _takeover("[]", _COMPUTED)
+# Draws the inputs only in the block and computes every output there: true digests, false reports.
+WORKING_TAKEOVER = _takeover(_COMPUTED, "outputs")
+
 # Points its output directory at another directory after the first call, so the service would read elsewhere.
 SYMLINKED_OUTPUTS = sources.candidate(
     """
@@ -218,6 +288,8 @@ def test_background_threads_cannot_slow_the_reference(client: httpx.Client) -> N
         ("forged_reply_mid_block", FORGED_REPLY_MID_BLOCK, {"rejected"}),
         ("symlinked_outputs", SYMLINKED_OUTPUTS, {"incorrect", "runtime_error"}),
         ("many_leaves", MANY_LEAVES, {"incorrect", "runtime_error"}),
+        ("idle_takeover", IDLE_TAKEOVER, {"rejected"}),
+        ("lazy_takeover", LAZY_TAKEOVER, {"rejected"}),
     ],
 )
 def test_gamed_timing_or_outputs_never_score(
@@ -229,10 +301,15 @@ def test_gamed_timing_or_outputs_never_score(
     assert_still_correct(client)
 
 
-@pytest.mark.parametrize("candidate", [PATCHED_BOUND_CLOCK, sources.FORGED_RESULT], ids=["bound_clock", "forged"])
+@pytest.mark.parametrize(
+    "candidate",
+    [PATCHED_BOUND_CLOCK, sources.FORGED_RESULT, WORKING_TAKEOVER],
+    ids=["bound_clock", "forged", "working_takeover"],
+)
 def test_false_reports_buy_no_speedup(client: httpx.Client, candidate: str) -> None:
-    """A rebound clock (every call reported 1000x faster) or replies forged before they were asked for: the
-    verdict is rejected, or correct with the speedup the judge's own clock measured."""
+    """A rebound clock (every call reported 1000x faster), replies forged before they were asked for, or a timing
+    loop of the candidate's own that does the work and reports none of it: the verdict is rejected, or correct
+    with no more speed than the judge's own clock measured."""
     result = evaluate(client, candidate, timing_trials=20)
     assert result["status"] in {"correct", "rejected"}, result["message"]
     if result["status"] == "correct":
@@ -240,6 +317,11 @@ def test_false_reports_buy_no_speedup(client: httpx.Client, candidate: str) -> N
     else:
         assert "implausible_timing" in result["flags"] or "result_tampering" in result["flags"], result
     assert_still_correct(client)
+
+
+def test_timed_calls_never_see_the_same_inputs_twice(client: httpx.Client) -> None:
+    result = evaluate(client, NEVER_THE_SAME_INPUTS, timing_trials=20)
+    assert result["status"] == "correct", result["message"]
 
 
 def test_forged_build_events_publish_nothing(client: httpx.Client, build_cache_dir) -> None:  # noqa: ANN001

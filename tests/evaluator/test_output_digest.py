@@ -1,0 +1,126 @@
+"""The digest of a timed block: outputs within tolerance of the reference's always pass; stale, garbage, missing
+or malformed ones do not."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from services.evaluator import output_digest
+
+CALLS = 40
+
+
+def outputs(seed: int, shape: tuple[int, ...] = (96, 80), dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=generator).to(dtype) for _ in range(CALLS)]
+
+
+def within_tolerance(reference: list[torch.Tensor], atol: float, rtol: float, seed: int) -> list[torch.Tensor]:
+    """The worst an honest candidate may do: an error of up to 99.9 % of the tolerance at every element."""
+    generator = torch.Generator().manual_seed(seed)
+    return [r + (torch.rand(r.shape, generator=generator) * 2 - 1) * (atol + rtol * r.abs()) * 0.999 for r in reference]
+
+
+def mismatch(reference: list, candidate: list, seed: int = 7, **tolerance: float) -> str:
+    return output_digest.mismatch(
+        output_digest.block_digest(reference, seed),
+        output_digest.block_digest(candidate, seed),
+        len(reference),
+        tolerance.get("atol"),
+        tolerance.get("rtol"),
+    )
+
+
+@pytest.mark.parametrize("shape", [(96, 80), (3, 5), (1 << 14,)], ids=["sampled", "small", "flat"])
+def test_outputs_within_tolerance_always_pass(shape: tuple[int, ...]) -> None:
+    reference = outputs(0, shape)
+    for seed in range(20):
+        assert mismatch(reference, within_tolerance(reference, 1e-4, 1e-4, seed), seed) == ""
+    assert mismatch(reference, within_tolerance(reference, 1e-2, 1e-2, 1), atol=1e-2, rtol=1e-2) == ""
+
+
+def test_non_contiguous_outputs_have_the_same_digest() -> None:
+    reference = outputs(0)
+    transposed = [r.t().contiguous().t() for r in reference]
+    assert not transposed[0].is_contiguous()
+    assert output_digest.block_digest(reference, 3) == output_digest.block_digest(transposed, 3)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        lambda ref: [ref[0], *ref[:-1]],  # each call answered with the previous call's output
+        lambda ref: [torch.zeros_like(r) for r in ref],  # nothing computed
+        lambda ref: outputs(99),  # another input's answers
+        lambda ref: [r + 0.01 for r in ref],  # off by 100x the tolerance everywhere
+        lambda ref: [*ref[:-1], torch.randn_like(ref[-1])],  # one call of forty wrong everywhere
+    ],
+    ids=["stale", "zeros", "other_inputs", "offset", "one_call"],
+)
+def test_wrong_outputs_fail(wrong) -> None:  # noqa: ANN001
+    """A wrong block passes one digest by chance when its sum lands within the bound: about 1 % of the weights for
+    answers to other inputs, about a quarter for an offset of 100x the tolerance everywhere. The judge digests every
+    block, so a candidate wrong in each passes them all with that probability to the power of the blocks."""
+    reference = outputs(0)
+    candidate = wrong(reference)
+    failed = [mismatch(reference, candidate, seed) for seed in range(10)]
+    assert sum("differs from the reference's" in reason for reason in failed) >= 6, failed
+
+
+def test_wrong_shape_dtype_count_or_nan_fail() -> None:
+    reference = outputs(0)
+    assert "shape or dtype" in mismatch(reference, [r.double() for r in reference])
+    assert "shape or dtype" in mismatch(reference, [r[:, :-1] for r in reference])
+    assert "outputs, expected" in mismatch(reference, [(r, r) for r in reference])
+    nan = [r.clone() for r in reference]
+    nan[3][0, 0] = math.nan
+    assert mismatch(reference, nan) != ""
+
+
+def test_a_reference_that_is_not_finite_is_left_to_the_full_checks() -> None:
+    reference = outputs(0)
+    reference[0][0, 0] = math.inf
+    record = output_digest.block_digest(reference, 1)
+    assert None in record[0]["sums"]
+    assert mismatch(reference, outputs(5)) == ""
+
+
+def test_exact_types_must_match_exactly() -> None:
+    reference = [torch.arange(12).reshape(3, 4) + call for call in range(CALLS)]
+    assert mismatch(reference, [r.clone() for r in reference]) == ""
+    off_by_one = [r.clone() for r in reference]
+    off_by_one[5][1, 2] += 1
+    assert mismatch(reference, off_by_one) != ""
+
+
+def test_complex_parts_are_both_read() -> None:
+    reference = [torch.complex(r, r.flip(0)) for r in outputs(0, (6, 8))]
+    assert mismatch(reference, [r.clone() for r in reference]) == ""
+    assert mismatch(reference, [torch.complex(r.real, -r.imag) for r in reference]) != ""
+
+
+def test_outputs_that_are_not_plain_tensors_are_refused() -> None:
+    class Lazy(torch.Tensor):
+        pass
+
+    with pytest.raises(TypeError):
+        output_digest.block_digest([torch.ones(3).as_subclass(Lazy)], 1)
+    with pytest.raises(TypeError):
+        output_digest.block_digest([torch.ones(3), torch.ones(4)], 1)
+
+
+@pytest.mark.parametrize(
+    "records",
+    [
+        None,
+        "x",
+        [{"shape": [2], "dtype": "float32", "sums": [1.0, 2.0]}],
+        [{"shape": [True], "dtype": "f", "sums": [1, 2, 3]}],
+    ],
+)
+def test_malformed_digests_are_not_valid(records) -> None:  # noqa: ANN001
+    assert not output_digest.valid(records)
+    assert output_digest.valid(output_digest.block_digest(outputs(0), 1))
