@@ -1,12 +1,11 @@
-"""Plumbing common to the service clients: auth header, bounded retries, typed errors."""
+"""Plumbing common to the service clients: auth header, bounded retries (tenacity), typed errors."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Any, Self
 
 import httpx
+from tenacity import AsyncRetrying, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 # Statuses worth retrying: the server is overloaded or restarting, not refusing the request.
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
@@ -35,8 +34,37 @@ def _detail(response: httpx.Response) -> str:
     return str(body.get("detail", body)) if isinstance(body, dict) else str(body)
 
 
-def _backoff_s(attempt: int) -> float:
-    return min(0.5 * 2**attempt, 8.0)
+class _RetryableStatus(Exception):
+    """A RETRY_STATUSES answer, raised inside the retry loop so that tenacity retries it."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+
+
+# 0.5 s, 1 s, 2 s, ... capped at 8 s between attempts; tests replace it with tenacity.wait_none().
+RETRY_WAIT: Any = wait_exponential(multiplier=0.5, max=8.0)
+
+
+def retry_policy(retries: int) -> dict[str, Any]:
+    """The one retry policy of the clients: connection errors and RETRY_STATUSES, `retries` extra attempts."""
+    return {
+        "stop": stop_after_attempt(retries + 1),
+        "wait": RETRY_WAIT,
+        "retry": retry_if_exception_type((httpx.TransportError, _RetryableStatus)),
+        "reraise": True,
+    }
+
+
+def _checked(response: httpx.Response) -> httpx.Response:
+    if response.status_code in RETRY_STATUSES:
+        raise _RetryableStatus(response)
+    return response
+
+
+def _result(url: str, response: httpx.Response) -> Any:
+    if response.is_error:
+        raise ServiceError(url, response.status_code, _detail(response))
+    return response.json()
 
 
 class SyncServiceClient:
@@ -48,22 +76,15 @@ class SyncServiceClient:
         self._http = httpx.Client(base_url=self.base_url, headers=auth_headers(token), timeout=timeout_s)
 
     def request(self, method: str, path: str, json: Any = None) -> Any:
-        for attempt in range(self.retries + 1):
-            last = attempt == self.retries
-            try:
-                response = self._http.request(method, path, json=json)
-            except httpx.TransportError as exc:
-                if last:
-                    raise ServiceError(self.base_url + path, None, repr(exc)) from exc
-                time.sleep(_backoff_s(attempt))
-                continue
-            if response.status_code in RETRY_STATUSES and not last:
-                time.sleep(_backoff_s(attempt))
-                continue
-            if response.is_error:
-                raise ServiceError(self.base_url + path, response.status_code, _detail(response))
-            return response.json()
-        raise AssertionError("unreachable")
+        try:
+            for attempt in Retrying(**retry_policy(self.retries)):
+                with attempt:
+                    response = _checked(self._http.request(method, path, json=json))
+        except httpx.TransportError as exc:
+            raise ServiceError(self.base_url + path, None, repr(exc)) from exc
+        except _RetryableStatus as exc:  # still overloaded after the last attempt
+            response = exc.response
+        return _result(self.base_url + path, response)
 
     def close(self) -> None:
         self._http.close()
@@ -84,22 +105,15 @@ class AsyncServiceClient:
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=auth_headers(token), timeout=timeout_s)
 
     async def request(self, method: str, path: str, json: Any = None) -> Any:
-        for attempt in range(self.retries + 1):
-            last = attempt == self.retries
-            try:
-                response = await self._http.request(method, path, json=json)
-            except httpx.TransportError as exc:
-                if last:
-                    raise ServiceError(self.base_url + path, None, repr(exc)) from exc
-                await asyncio.sleep(_backoff_s(attempt))
-                continue
-            if response.status_code in RETRY_STATUSES and not last:
-                await asyncio.sleep(_backoff_s(attempt))
-                continue
-            if response.is_error:
-                raise ServiceError(self.base_url + path, response.status_code, _detail(response))
-            return response.json()
-        raise AssertionError("unreachable")
+        try:
+            async for attempt in AsyncRetrying(**retry_policy(self.retries)):
+                with attempt:
+                    response = _checked(await self._http.request(method, path, json=json))
+        except httpx.TransportError as exc:
+            raise ServiceError(self.base_url + path, None, repr(exc)) from exc
+        except _RetryableStatus as exc:
+            response = exc.response
+        return _result(self.base_url + path, response)
 
     async def aclose(self) -> None:
         await self._http.aclose()

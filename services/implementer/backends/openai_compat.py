@@ -6,11 +6,11 @@ import asyncio
 import json
 import logging
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 import openai
+from cachetools import LRUCache
 from openai.types.chat import ChatCompletionMessageParam
 
 from services.implementer.config import Settings
@@ -76,7 +76,7 @@ class OpenAICompatBackend:
             max_retries=0,
         )
         self._limit = asyncio.Semaphore(settings.max_concurrency)
-        self._cache: OrderedDict[str, tuple[str, TokenUsage]] = OrderedDict()
+        self._cache: LRUCache[str, tuple[str, TokenUsage]] = LRUCache(maxsize=max(self.settings.cache_size, 1))
 
     @classmethod
     def from_settings(cls, settings: Settings) -> OpenAICompatBackend:
@@ -151,18 +151,16 @@ class OpenAICompatBackend:
         self, messages: list[ChatCompletionMessageParam], temperature: float, max_tokens: int, calls: CallLog
     ) -> str:
         key = json.dumps([self.model, messages, temperature, max_tokens])
-        if key in self._cache:
-            self._cache.move_to_end(key)
-            text, _ = self._cache[key]
+        cached = self._cache.get(key)  # a hit becomes the most recently used entry
+        if cached is not None:
+            text, _ = cached
             calls.replies.append(text)
             return text
         text, usage = await self._call_with_retries(messages, temperature, max_tokens, calls)
         calls.add_usage(usage)
         calls.replies.append(text)
         if self.settings.cache_size:
-            self._cache[key] = (text, usage)
-            while len(self._cache) > self.settings.cache_size:
-                self._cache.popitem(last=False)
+            self._cache[key] = (text, usage)  # the least recently used entry goes when it is full
         return text
 
     async def _call_with_retries(
