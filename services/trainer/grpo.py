@@ -31,6 +31,7 @@ from shared.clients import AsyncEvaluatorClient, AsyncImplementerClient
 from shared.contracts import TrainerStatus
 
 log = logging.getLogger(__name__)
+PROGRESS_EVERY_S = 30.0  # optimisation progress lines at most this often
 STD_EPS = 1e-4  # as TRL: (R - mean) / (std + 1e-4)
 
 
@@ -165,8 +166,10 @@ def optimise(
     stats: dict[str, list[float]] = defaultdict(list)
     eps_high = config.epsilon_high if config.epsilon_high is not None else config.epsilon
     trainable = [p for p in policy.model.parameters() if p.requires_grad]
-    for _epoch in range(config.ppo_epochs):
-        for step in _equalise_steps(optimizer_steps(len(samples), config, generator), accelerator):
+    last_report = time.monotonic()
+    for epoch in range(config.ppo_epochs):
+        steps = _equalise_steps(optimizer_steps(len(samples), config, generator), accelerator)
+        for number, step in enumerate(steps, start=1):
             per_sample = (lambda t: len(t.completion_ids)) if config.loss_normalization == "token" else (lambda t: 1)
             normalizer = float(sum(per_sample(samples[i]) for mini in step for i in mini)) or 1.0
             for mini in step:
@@ -205,6 +208,16 @@ def optimise(
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
+            if time.monotonic() - last_report >= PROGRESS_EVERY_S:  # a CPU update optimises for minutes
+                last_report = time.monotonic()
+                log.info(
+                    "optimising: epoch %d/%d, step %d/%d, loss %.4f",
+                    epoch + 1,
+                    config.ppo_epochs,
+                    number,
+                    len(steps),
+                    stats["losses/loss"][-1] if stats["losses/loss"] else float("nan"),
+                )
     return {k: statistics.fmean(v) for k, v in stats.items()}
 
 

@@ -72,3 +72,20 @@ def test_full_fine_tune_keeps_a_frozen_reference(tokenizer):
 def test_a_stop_request_ends_generation_early(policy):
     results = policy.generate([[5, 6, 7], [8, 9]], should_stop=lambda: True)
     assert [len(ids) for ids, _, _ in results] == [1, 1]
+
+
+def test_optimise_reports_progress(policy, monkeypatch, caplog):
+    import logging
+
+    from services.trainer import grpo
+    from services.trainer.episodes import Turn
+
+    monkeypatch.setattr(grpo, "PROGRESS_EVERY_S", 0.0)
+    config = TrainConfig(model="random:smollm2-tiny", max_new_tokens=8, max_prompt_tokens=512, ppo_epochs=1, beta=0.0)
+    samples = [Turn("p", 0, i, 0, [5, 6, 7], [8, 9], "s", True, advantage=1.0 if i % 2 else -1.0) for i in range(4)]
+    optimizer = torch.optim.AdamW([p for p in policy.model.parameters() if p.requires_grad], lr=1e-4)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    with caplog.at_level(logging.INFO, logger="services.trainer.grpo"):
+        stats = grpo.optimise(policy, samples, config, optimizer, scheduler, None, torch.Generator().manual_seed(0))
+    assert "losses/loss" in stats
+    assert any("optimising: epoch 1/1, step 1/" in r.getMessage() for r in caplog.records)
