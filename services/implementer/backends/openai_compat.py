@@ -12,6 +12,7 @@ from typing import Any
 import openai
 from cachetools import LRUCache
 from openai.types.chat import ChatCompletionMessageParam
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_exponential
 
 from services.implementer.config import Settings
 from services.implementer.extract import Extraction, extract
@@ -43,7 +44,7 @@ class CallLog:
         )
 
 
-def _retryable(exc: Exception) -> bool:
+def _retryable(exc: BaseException) -> bool:
     if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
         return True
     return isinstance(exc, openai.APIStatusError) and (exc.status_code == 429 or exc.status_code >= 500)
@@ -166,24 +167,35 @@ class OpenAICompatBackend:
     async def _call_with_retries(
         self, messages: list[ChatCompletionMessageParam], temperature: float, max_tokens: int, calls: CallLog
     ) -> tuple[str, TokenUsage]:
-        for retry in range(self.settings.retries + 1):
-            calls.calls += 1
-            try:
-                async with self._limit:
-                    completion = await self._client.chat.completions.create(
-                        model=self.model, messages=messages, temperature=temperature, max_tokens=max_tokens
-                    )
-            except (openai.APIConnectionError, openai.APIStatusError) as exc:
-                if not _retryable(exc):
-                    raise UpstreamFailure(f"upstream refused the request: {_reason(exc)}") from exc
-                if retry == self.settings.retries:
-                    raise UpstreamFailure(f"upstream failed after {calls.calls} attempts: {_reason(exc)}") from exc
-                delay = min(self.settings.backoff_s * 2**retry, MAX_BACKOFF_S)
-                log.warning("upstream call failed (%s); retry %d in %.1f s", _reason(exc), retry + 1, delay)
-                await asyncio.sleep(delay)
-                continue
-            return _reply_text(completion), _usage(completion)
-        raise AssertionError("unreachable")
+        """The SDK's own retries stay off (max_retries=0): tenacity retries here, so that every attempt is counted
+        in the response and a failure after the last one is a typed UpstreamFailure."""
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.settings.retries + 1),
+            wait=wait_exponential(multiplier=self.settings.backoff_s, max=MAX_BACKOFF_S),
+            retry=retry_if_exception(_retryable),
+            before_sleep=_log_retry,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    calls.calls += 1
+                    async with self._limit:
+                        completion = await self._client.chat.completions.create(
+                            model=self.model, messages=messages, temperature=temperature, max_tokens=max_tokens
+                        )
+        except (openai.APIConnectionError, openai.APIStatusError) as exc:
+            if not _retryable(exc):
+                raise UpstreamFailure(f"upstream refused the request: {_reason(exc)}") from exc
+            raise UpstreamFailure(f"upstream failed after {calls.calls} attempts: {_reason(exc)}") from exc
+        return _reply_text(completion), _usage(completion)
+
+
+def _log_retry(state: RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome else None
+    delay = state.next_action.sleep if state.next_action else 0.0
+    reason = _reason(exc) if isinstance(exc, Exception) else "unknown"
+    log.warning("upstream call failed (%s); retry %d in %.1f s", reason, state.attempt_number, delay)
 
 
 def _reply_text(completion: Any) -> str:
