@@ -140,3 +140,13 @@ def test_token_hint_names_the_variable(monkeypatch):
 
     monkeypatch.delenv("MY_TOKEN", raising=False)
     assert "$MY_TOKEN (now unset" in token_hint(TrainConfig(api_token_env="MY_TOKEN"))
+
+
+def test_kernel_agent_train_is_the_same_command(capsys):
+    from services.cli import main as kernel_agent
+
+    with pytest.raises(SystemExit) as info:
+        kernel_agent(["train", "--help"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: kernel-agent train")
+    assert kernel_agent(["train", "--updates", "0", "--evaluator-url", "a", "--implementer-url", "b"]) == 2
