@@ -407,7 +407,10 @@ def processes_of(uid: int | None, root_pids: list[int]) -> list[psutil.Process]:
 
     found: dict[int, psutil.Process] = {}
     for pid in root_pids:
-        with contextlib.suppress(psutil.Error):
+        # Processes exit while their /proc entries are read: psutil then raises its own errors, and sometimes
+        # others from a half-read entry (seen: RuntimeError from create_time on a GPU host). The uid scan below
+        # still finds what the tree walk missed.
+        with contextlib.suppress(psutil.Error, OSError, RuntimeError, IndexError, ValueError):
             proc = psutil.Process(pid)
             found[pid] = proc
             found.update({child.pid: child for child in proc.children(recursive=True)})

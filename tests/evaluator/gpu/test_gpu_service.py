@@ -162,7 +162,9 @@ def test_honest_cuda_candidate_is_correct_and_timed(service: str) -> None:
     assert result["status"] == "correct", result["message"]
     assert result["device"].startswith("cuda") and result["speedup"] > 0
     assert result["candidate_ms"]["n"] == 20 and result["reference_ms"]["median"] > 0
-    assert result["flags"] == []
+    # Advisory flags only: a 2048x2048 ReLU takes microseconds, short against the host's jitter around each call,
+    # so the judge's clock may not resolve it (unverified_timing: no speed beyond the reference's credited).
+    assert set(result["flags"]) <= {"timed_by_judge", "unverified_timing"}, result["flags"]
 
 
 @needs_triton
