@@ -7,7 +7,7 @@ import importlib.util
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,6 +133,23 @@ def load_base_model(
         return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     except OSError as exc:
         raise ConfigError(_offline_fix(spec, exc)) from exc
+
+
+@contextlib.contextmanager
+def _neutral_generation_config(model: Any) -> Iterator[None]:
+    """Swap the model's own generation_config for an empty one (token ids kept) while sampling: transformers
+    takes every field the call leaves None from it, and a checkpoint's repetition_penalty, min_p, top_k or
+    no_repeat_ngram_size would change what is sampled without changing the log-probs trained on."""
+    from transformers import GenerationConfig
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wraps the transformers model
+    own = base.generation_config
+    ids = {k: getattr(own, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")}
+    base.generation_config = GenerationConfig(**{k: v for k, v in ids.items() if v is not None})
+    try:
+        yield
+    finally:
+        base.generation_config = own
 
 
 @dataclass
@@ -263,8 +280,10 @@ class Policy:
 
         pad = self.tokenizer.pad_token_id
         ids, mask = left_pad(prompts, pad)
-        # A fresh GenerationConfig: the model's own may carry repetition penalties or top_k that would make the
-        # sampling distribution differ from the one the log-probs are taken of.
+        # Only temperature and top-p shape the sampling distribution, as in the log-probs (top-p aside, as TRL).
+        # transformers fills every field left None here from the model's own generation_config, so that one is
+        # swapped out for the call (_neutral_generation_config): a repetition_penalty (Qwen2 Instruct ships 1.05-1.1)
+        # or min_p would otherwise apply, over the prompt's kernel code too.
         generation = GenerationConfig(
             do_sample=True,
             temperature=self.config.temperature,
@@ -275,7 +294,7 @@ class Policy:
             eos_token_id=self.eos_ids,
         )
         self.model.eval()
-        with self.autocast():
+        with self.autocast(), _neutral_generation_config(self.model):
             out = self.model.generate(
                 input_ids=ids.to(self.device),
                 attention_mask=mask.to(self.device),

@@ -89,3 +89,42 @@ def test_optimise_reports_progress(policy, monkeypatch, caplog):
         stats = grpo.optimise(policy, samples, config, optimizer, scheduler, None, torch.Generator().manual_seed(0))
     assert "losses/loss" in stats
     assert any("optimising: epoch 1/1, step 1/" in r.getMessage() for r in caplog.records)
+
+
+def test_the_models_own_generation_config_does_not_change_sampling():
+    """Qwen2 Instruct checkpoints ship a repetition_penalty (1.05-1.1): transformers takes every generation field the
+    call leaves unset from the model's generation_config, so such a penalty would shape the sampled tokens (over the
+    prompt's code too) while training takes log-probs of plain softmax(logits / T). The scores the sampler drew
+    from must equal our log-probs."""
+    torch.manual_seed(0)
+    config = TrainConfig(model="random:smollm2-tiny", max_new_tokens=6, max_prompt_tokens=512, top_p=1.0)
+    policy = load_policy(config, torch.device("cpu"))
+    base = policy.model.get_base_model()
+    base.generation_config.repetition_penalty = 1.1
+    base.generation_config.no_repeat_ngram_size = 2
+    captured = {}
+    generate = policy.model.generate
+
+    def generate_with_scores(*args, generation_config, **kwargs):
+        generation_config = generation_config.__class__(**generation_config.to_dict())
+        generation_config.output_scores = generation_config.return_dict_in_generate = True
+        out = generate(*args, generation_config=generation_config, **kwargs)
+        captured["scores"] = out.scores  # after the logits processors: what was sampled from
+        return out.sequences
+
+    policy.model.generate = generate_with_scores
+    prompts = [[5, 6, 7, 5, 6, 7, 5], [8, 8, 8], [9, 10, 9, 10, 9]]  # repeated tokens: penalties would bite
+    completions = [ids for ids, _, _ in policy.generate(prompts)]
+    batch = make_batch(prompts, completions, policy.tokenizer.pad_token_id, torch.device("cpu"))
+    width = batch.completion_ids.shape[1]
+    sampled = torch.stack(captured["scores"], 1)[:, :width].float().log_softmax(-1)  # every token, every step
+    with torch.no_grad():
+        out = policy.model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+        )
+        trained = (out.logits[:, -width - 1 : -1].float() / config.temperature).log_softmax(-1)
+        picked = policy.logprobs(batch)[0]
+    valid = batch.completion_mask.bool()
+    assert torch.allclose(sampled[valid], trained[valid], atol=1e-4)  # the whole distribution, not one token
+    assert torch.allclose(picked[valid], trained[valid].gather(-1, batch.completion_ids[valid][:, None])[:, 0])
+    assert base.generation_config.repetition_penalty == 1.1  # the model's own config is back after sampling
