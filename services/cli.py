@@ -30,15 +30,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return train_main(args[1:])
     if command == "serve" and len(args) > 1 and args[1] in ("evaluator", "implementer"):
-        sys.argv[0] = f"kernel-agent serve {args[1]}"  # the services' argparse usage line
+        prog = f"kernel-agent serve {args[1]}"
         if args[1] == "evaluator":
             from services.evaluator.__main__ import main as evaluator_main
 
-            evaluator_main(args[2:])
+            evaluator_main(args[2:], prog)
             return 0
         from services.implementer.__main__ import main as implementer_main
 
-        return implementer_main(args[2:])
+        return implementer_main(args[2:], prog)
     if command in ("-h", "--help"):
         sys.stdout.write(f"{USAGE}\n\n{__doc__}")
         return 0

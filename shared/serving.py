@@ -1,5 +1,5 @@
-"""Server-side pieces both HTTP services share: the loopback rule for binding, the bearer-token check and the
-422 answer."""
+"""Server-side pieces both HTTP services share: the loopback rule for binding, the bearer-token check, the 422
+answer and the environment section of --help."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials
+from pydantic_core import PydanticUndefined
+from pydantic_settings import BaseSettings
 
 
 def is_loopback(host: str) -> bool:
@@ -23,6 +25,23 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def environment_help(settings: type[BaseSettings]) -> str:
+    """The environment variables `settings` reads, with defaults and descriptions: the epilog of a service's --help."""
+    prefix = str(settings.model_config.get("env_prefix", "")).upper()
+    lines = ["environment (settings):"]
+    for name, info in settings.model_fields.items():
+        alias = info.validation_alias
+        names = [f"{prefix}{name.upper()}"] if alias is None else [str(c) for c in getattr(alias, "choices", [alias])]
+        if info.default_factory is not None:
+            default = "computed at start"
+        else:
+            default = "unset" if info.default in (None, PydanticUndefined) else info.default
+        lines.append(f"  {' or '.join(names)} (default: {default})")
+        if info.description:
+            lines.append(f"      {info.description}")
+    return "\n".join(lines)
 
 
 def check_bearer(expected: str | None, credentials: HTTPAuthorizationCredentials | None) -> None:

@@ -1,4 +1,4 @@
-"""`python -m services.evaluator --host 127.0.0.1 --port 8001`: serve the evaluator with uvicorn."""
+"""`kernel-agent serve evaluator --host 127.0.0.1 --port 8001` (or `python -m services.evaluator ...`)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,30 @@ import logging
 import sys
 
 from services.evaluator.config import Settings
-from shared.serving import is_loopback
+from shared.serving import environment_help, is_loopback
 
 PR_SET_DUMPABLE = 4
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, prog: str = "python -m services.evaluator") -> None:
     settings = Settings()
-    parser = argparse.ArgumentParser(description="kernel-agent evaluator service")
-    parser.add_argument("--host", default=settings.host, help="bind address (default %(default)s)")
-    parser.add_argument("--port", type=int, default=settings.port)
-    parser.add_argument("--workers", type=int, default=settings.workers, help="evaluations run at once")
-    parser.add_argument("--log-level", default="info")
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Serve the evaluator: compile, check and time candidate kernels in sandboxed workers.",
+        epilog=environment_help(Settings),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    parser.add_argument(
+        "--host", default=settings.host, help="bind address; non-loopback needs EVALUATOR_TOKEN (default: %(default)s)"
+    )
+    parser.add_argument("--port", type=int, default=settings.port, help="(default: %(default)s)")
+    parser.add_argument(
+        "--workers", type=int, default=settings.workers, help="evaluations run at once (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=("debug", "info", "warning", "error"), help="(default: %(default)s)"
+    )
     args = parser.parse_args(argv)
     if not is_loopback(args.host) and settings.token_value is None:
         sys.exit(f"refusing to bind {args.host}: set EVALUATOR_TOKEN to serve beyond loopback")

@@ -10,27 +10,16 @@ import uvicorn
 
 from services.implementer.app import create_app
 from services.implementer.config import Settings
-from shared.serving import is_loopback
+from shared.serving import environment_help, is_loopback
 
 log = logging.getLogger("services.implementer")
 
 
-def environment_help() -> str:
-    """The settings' environment variables with their defaults, for --help."""
-    lines = ["environment (settings):"]
-    for name, info in Settings.model_fields.items():
-        alias = info.validation_alias
-        names = [f"IMPLEMENTER_{name.upper()}"] if alias is None else [str(c) for c in getattr(alias, "choices", [])]
-        default = "unset" if info.default is None else info.default
-        lines.append(f"  {' or '.join(names)} (default: {default})")
-        lines.append(f"      {info.description}")
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m services.implementer") -> int:
     parser = argparse.ArgumentParser(
+        prog=prog,
         description="Serve the implementer: suggestion + kernel -> new kernel, from an OpenAI-compatible model.",
-        epilog=environment_help(),
+        epilog=environment_help(Settings),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )

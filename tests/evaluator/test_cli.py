@@ -252,3 +252,16 @@ def test_batch_scores_a_folder_and_reports_fast_p(evaluator_url: str, tmp_path: 
     assert "scoring 2 candidate(s)" in proc.stderr
     geomean = float(re.search(r"geomean speedup \(correct\): ([\d.]+)x", proc.stdout).group(1))
     assert math.isclose(geomean, speedup, rel_tol=1e-3, abs_tol=1e-3)
+
+
+def test_serve_evaluator_help_names_its_command_and_environment(capsys: pytest.CaptureFixture[str]):
+    from services.cli import main as kernel_agent
+
+    with pytest.raises(SystemExit) as exited:
+        kernel_agent(["serve", "evaluator", "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: kernel-agent serve evaluator")
+    assert "EVALUATOR_ISOLATION (default: unset)" in out and "strongest one that works" in out
+    assert "EVALUATOR_TOKEN (default: unset)" in out
+    assert "(default: 8001)" in out
