@@ -316,6 +316,24 @@ class StopFlag:
     def __call__(self) -> bool:
         return self.requested
 
+    def agreed(self, accelerator: Any) -> bool:
+        """Whether any process was asked to stop. A collective, called at the same points by every process: signals
+        reach processes at different moments, and a process that left the loop alone would leave the others waiting
+        in their next collective (or enter a different one)."""
+        if accelerator.num_processes > 1:
+            flag = torch.tensor([float(self.requested)], device=accelerator.device)
+            self.requested = bool(accelerator.reduce(flag, reduction="max").item())
+        return self.requested
+
+
+def truncate_logs(run_dir: Path, update: int, accelerator: Any) -> None:
+    """On resume, drop the log lines of updates after the checkpoint (a killed run may have logged them; they are
+    redone). Only the main process rewrites the files, as only it appends to them; the others wait until it is done."""
+    if accelerator.is_main_process:
+        for name in ("metrics.jsonl", "episodes.jsonl"):
+            truncate_jsonl(run_dir / name, update)
+    accelerator.wait_for_everyone()
+
 
 # ---------------------------------------------------------------- the loop
 def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read top to bottom (CleanRL style)
@@ -355,10 +373,10 @@ def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read 
     start = 0
     if checkpoint is not None:
         start = load_checkpoint(checkpoint, optimizer, scheduler)
-        for name in ("metrics.jsonl", "episodes.jsonl"):  # lines of updates after the checkpoint are redone
-            truncate_jsonl(run_dir / name, start)
+        truncate_logs(run_dir, start, accelerator)
         log.info("resumed from %s at update %d", checkpoint, start)
-    (run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+    if main_process:
+        (run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
 
     # 2. problems (split over processes), services, outputs
     from problems import KernelBenchUnavailable, load_problems
@@ -424,7 +442,7 @@ def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read 
                             generate,
                             services,
                             config.max_prompt_tokens,
-                            stop,
+                            lambda: stop.agreed(accelerator),  # every process abandons the update, or none does
                             input_seed=evaluation_seed(config.seed, update),
                         )
                     )
@@ -468,8 +486,9 @@ def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read 
                 progress.update(bar, advance=1, info=f"reward {metrics['reward/mean']:+.3f}")
                 progress.update(episodes_bar, advance=config.batch_trajectories, info="")
 
-                # 8. checkpoint every save_every updates (and when asked to stop)
-                if main_process and (update % config.save_every == 0 or stop()):
+                # 8. checkpoint every save_every updates (and when asked to stop: decided together, see agreed)
+                stopping = stop.agreed(accelerator)
+                if main_process and (update % config.save_every == 0 or stopping):
                     save_checkpoint(
                         run_dir,
                         update,
@@ -482,7 +501,7 @@ def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read 
                     )
                     saved_update = update
                 accelerator.wait_for_everyone()
-                if stop():
+                if stopping:
                     break
         finished = state["update"] == config.updates
         if main_process and state["update"] != saved_update:
