@@ -150,3 +150,26 @@ def test_kernel_agent_train_is_the_same_command(capsys):
     assert info.value.code == 0
     assert capsys.readouterr().out.startswith("usage: kernel-agent train")
     assert kernel_agent(["train", "--updates", "0", "--evaluator-url", "a", "--implementer-url", "b"]) == 2
+
+
+@pytest.mark.parametrize("name", ["default.yaml", "qwen2-gpt4o.yaml"])
+def test_shipped_configs_give_turn_position_no_advantage(name):
+    """Every trajectory writes the same kernel at every turn: whatever the turn, nothing was better than anything
+    else, so no sample may gain or lose (over the whole group, discounting alone would rank turn 0 first)."""
+    from services.trainer.episodes import Turn
+    from services.trainer.grpo import assign_returns_and_advantages
+
+    config, _ = load_config(["--config", str(REPO / "configs" / name)])
+    turns = [
+        Turn("p", 0, j, t, [1], [2], "s", True, reward=1.2)
+        for j in range(config.num_trajectories)
+        for t in range(config.max_steps_per_episode)
+    ]
+    samples = assign_returns_and_advantages(turns, config)
+    assert [t.advantage for t in samples] == [0.0] * len(turns)
+
+
+@pytest.mark.parametrize("name", ["default.yaml", "qwen2-gpt4o.yaml"])
+def test_shipped_lora_configs_learn_at_a_lora_rate(name):
+    config, _ = load_config(["--config", str(REPO / "configs" / name)])
+    assert not config.use_lora or config.learning_rate >= 5e-5  # 1e-5 barely moves adapters that start at zero
