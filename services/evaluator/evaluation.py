@@ -19,13 +19,13 @@ import secrets
 import signal
 import statistics
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from cachetools import LRUCache
 
 from services.evaluator import build_cache, gpu_checks, output_digest, sandbox
 from services.evaluator.backends import BACKENDS, get_backend, resolve_device
@@ -101,7 +101,8 @@ class Evaluator:
         self.settings = settings
         self.pool = pool
         self.metrics = metrics
-        self._references: OrderedDict[str, ReferenceData] = OrderedDict()
+        # Least recently used first out; a size of 0 turns the cache off (checked where references are stored).
+        self._references: LRUCache[str, ReferenceData] = LRUCache(maxsize=max(1, settings.reference_cache_size))
         # Runs in progress, shared by concurrent requests for the same thing: a reference (a trainer sends a whole
         # GRPO group with one seed at once) or an extension build (a group often writes one kernel).
         self._computing: dict[str, asyncio.Future[Any]] = {}
@@ -210,16 +211,14 @@ class Evaluator:
     async def _reference(self, request: EvaluateRequest, device: str, seed: int, deadline: float) -> ReferenceData:
         trials = request.correctness_trials + RECHECK_SETS
         key = hashlib.sha256(f"{device}\0{seed}\0{trials}\0{request.reference_source}".encode()).hexdigest()
-        if key in self._references:
-            self._references.move_to_end(key)
-            return self._references[key]
+        cached = self._references.get(key)
+        if cached is not None:
+            return cached
         reference: ReferenceData = await self.shared(
             f"reference:{key}", lambda: self._run_reference(request, device, seed, trials, deadline)
         )
         if 0 < reference.size <= MAX_CACHED_REFERENCE_BYTES and self.settings.reference_cache_size > 0:
             self._references[key] = reference
-            while len(self._references) > self.settings.reference_cache_size:
-                self._references.popitem(last=False)
         return reference
 
     async def _run_reference(

@@ -103,3 +103,6 @@ def test_requests_with_one_seed_share_one_reference_run(client: httpx.Client, ev
     # A new seed is a new reference run.
     assert client.post("/evaluate", json={**body, "seed": 8}).json()["status"] == "correct"
     assert _reference_runs(client) - before == 2
+    # Seed 7 again: its reference comes from the cache.
+    assert client.post("/evaluate", json=body).json()["status"] == "correct"
+    assert _reference_runs(client) - before == 2
