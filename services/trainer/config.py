@@ -94,6 +94,9 @@ class TrainConfig(BaseModel):
     """Normalise returns over all turns of a problem's G trajectories, or separately per turn index."""
     scale_rewards: bool = True
     """Divide advantages by the group's std (GRPO); False only subtracts the mean (Dr. GRPO)."""
+    std_floor: float = 0.0
+    """With scale_rewards, divide by max(std, std_floor): a group whose returns differ by less (timing noise between
+    two correct kernels) gets proportionally small advantages instead of +-1; 0 is plain GRPO."""
     epsilon: float = 0.2
     """Lower clip of the importance ratio: 1 - epsilon."""
     epsilon_high: float | None = None
@@ -190,6 +193,7 @@ class TrainConfig(BaseModel):
             "use a small positive temperature such as 0.7",
         )
         _check(0 < self.top_p <= 1, "top_p must lie in (0, 1]", "use top_p 1.0 to disable nucleus sampling")
+        _check(self.std_floor >= 0, "std_floor must be >= 0", "use 0 for plain GRPO or e.g. 0.1")
         _check(0 < self.epsilon < 1, "epsilon must lie in (0, 1)", "use e.g. epsilon 0.2")
         _check(
             self.epsilon_high is None or self.epsilon_high >= self.epsilon,

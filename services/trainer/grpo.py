@@ -36,17 +36,30 @@ STD_EPS = 1e-4  # as TRL: (R - mean) / (std + 1e-4)
 
 
 # ---------------------------------------------------------------- returns and advantages
-def discounted_returns(rewards: Sequence[float | None], gamma: float) -> list[float]:
-    """R_t = r_t + gamma * R_{t+1} over one trajectory's turns; a left-out turn (None) counts as r_t = 0."""
-    returns, running = [0.0] * len(rewards), 0.0
+def discounted_returns(rewards: Sequence[float | None], gamma: float) -> list[float | None]:
+    """R_t = r_t + gamma * R_next over one trajectory's turns, R_next the return of the next turn that has a reward.
+
+    A left-out turn (reward None: the implementer or the evaluator failed) is skipped, not scored 0: the state did
+    not move on it, so the next turn acted from the same kernel, and a 0 would pull every earlier return towards 0
+    for a failure of the services. Its own return is None."""
+    returns: list[float | None] = [None] * len(rewards)
+    running = 0.0
     for t in reversed(range(len(rewards))):
-        running = (rewards[t] or 0.0) + gamma * running
+        r = rewards[t]
+        if r is None:
+            continue
+        running = r + gamma * running
         returns[t] = running
     return returns
 
 
-def group_advantages(returns: Sequence[float], groups: Sequence[Any], scale_rewards: bool) -> list[float]:
-    """(R - mean) / (std + eps) within each group (unbiased std, as TRL); a group of one gets 0."""
+def group_advantages(
+    returns: Sequence[float], groups: Sequence[Any], scale_rewards: bool, std_floor: float = 0.0
+) -> list[float]:
+    """(R - mean) / (max(std, std_floor) + eps) within each group (unbiased std, as TRL); a group of one gets 0.
+
+    The floor keeps a group whose returns differ only by timing noise (a few percent of speedup) from getting
+    full-size +-1 advantages out of that noise."""
     members: dict[Any, list[int]] = defaultdict(list)
     for i, key in enumerate(groups):
         members[key].append(i)
@@ -54,7 +67,7 @@ def group_advantages(returns: Sequence[float], groups: Sequence[Any], scale_rewa
     for idx in members.values():
         values = [returns[i] for i in idx]
         mean = statistics.fmean(values)
-        std = statistics.stdev(values) if len(values) > 1 else 0.0
+        std = max(statistics.stdev(values) if len(values) > 1 else 0.0, std_floor)
         for i in idx:
             advantages[i] = (returns[i] - mean) / (std + STD_EPS) if scale_rewards else returns[i] - mean
     return advantages
@@ -73,12 +86,11 @@ def assign_returns_and_advantages(turns: list[Turn], config: TrainConfig) -> lis
     for trajectory in by_trajectory.values():
         trajectory.sort(key=lambda t: t.turn)
         for turn, ret in zip(trajectory, discounted_returns([t.reward for t in trajectory], config.gamma), strict=True):
-            turn.ret = ret
+            turn.ret = 0.0 if ret is None else ret  # left out: not a sample, its return is never used
     samples = [t for t in turns if t.reward is not None]
     groups = [advantage_group(t, config) for t in samples]
-    for turn, adv in zip(
-        samples, group_advantages([t.ret for t in samples], groups, config.scale_rewards), strict=True
-    ):
+    advantages = group_advantages([t.ret for t in samples], groups, config.scale_rewards, config.std_floor)
+    for turn, adv in zip(samples, advantages, strict=True):
         turn.advantage = adv
     return samples
 

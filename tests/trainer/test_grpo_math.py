@@ -28,8 +28,22 @@ def test_discounted_returns_by_hand():
     assert discounted_returns([1.0, 1.0, 1.0], 1.0) == [3.0, 2.0, 1.0]
 
 
-def test_left_out_turn_counts_as_zero_in_earlier_returns():
-    assert discounted_returns([1.0, None, 4.0], 0.5) == pytest.approx([1.0 + 0.25 * 4.0, 2.0, 4.0])
+def test_left_out_turn_is_skipped_in_earlier_returns():
+    # the evaluator failed at turn 1: the state stayed on the same kernel, so turn 2 follows turn 0 directly; a
+    # reward of 0 in its place would pull turn 0's return towards 0 for the services' failure
+    returns = discounted_returns([1.0, None, 4.0], 0.5)
+    assert returns[0] == pytest.approx(1.0 + 0.5 * 4.0) and returns[1] is None and returns[2] == 4.0
+    assert discounted_returns([None, None], 0.5) == [None, None]
+
+
+def test_std_floor_keeps_timing_noise_small():
+    noise = [1.30, 1.32, 1.28, 1.30]  # four correct kernels within 3 % of each other
+    plain = group_advantages(noise, [0] * 4, scale_rewards=True)
+    floored = group_advantages(noise, [0] * 4, scale_rewards=True, std_floor=0.2)
+    assert max(plain) == pytest.approx(1.22, abs=0.01)  # noise made a full-size advantage
+    assert max(floored) < 0.11
+    signal = [1.3, 1.3, -1.0, -0.5]  # a real spread is above the floor: unchanged
+    assert group_advantages(signal, [0] * 4, True, std_floor=0.2) == group_advantages(signal, [0] * 4, True)
 
 
 def test_group_advantages_use_unbiased_std_per_group():
