@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", exc)
         return 2
     configure_logging(args.log_level)
-    from services.trainer.episodes import FatalServiceError
-    from services.trainer.grpo import train  # heavy imports (torch, transformers) after the config is valid
+    from services.trainer.episodes import FatalServiceError, ServicesUnavailable
+    from services.trainer.grpo import NothingLearned, train  # heavy imports (torch, transformers) after the config
 
     try:
         train(config, resume=args.resume)
@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except FatalServiceError as exc:
         log.error("%s; %s", exc, token_hint(config))
+        return 1
+    except (ServicesUnavailable, NothingLearned) as exc:
+        log.error("%s", exc)
         return 1
     return 0
 

@@ -15,14 +15,74 @@ from typing import Any, Protocol
 from services.trainer.prompts import build_prompt
 from services.trainer.replicas import ReplicaPool
 from services.trainer.reward import RewardValues, reward
-from shared.clients import AsyncEvaluatorClient, AsyncImplementerClient, ServiceError
-from shared.contracts import MAX_SUGGESTION_CHARS, EvaluateRequest, EvaluationResult, ImplementRequest
+from shared.clients import (
+    AsyncEvaluatorClient,
+    AsyncImplementerClient,
+    EvaluatorClient,
+    ImplementerClient,
+    ServiceError,
+)
+from shared.contracts import (
+    MAX_SUGGESTION_CHARS,
+    EvaluateRequest,
+    EvaluationResult,
+    HealthResponse,
+    ImplementRequest,
+)
 
 log = logging.getLogger(__name__)
 
 
 class FatalServiceError(RuntimeError):
     """A service refused our credentials: training cannot go on."""
+
+
+class ServicesUnavailable(RuntimeError):
+    """A service did not answer GET /health at start: nothing could be scored, so training does not begin."""
+
+
+START_HINTS = {
+    "evaluator": "start it (`kernel-agent serve evaluator --host 127.0.0.1 --port 8001` or `make serve-evaluator`) "
+    "or pass the URL it listens on as --evaluator-url",
+    "implementer": "start it (`IMPLEMENTER_BACKEND=builtin kernel-agent serve implementer --host 127.0.0.1 --port "
+    "8002` or `make serve-implementer`) or pass the URL it listens on as --implementer-url",
+}
+
+
+def check_services(
+    evaluator_urls: Sequence[str], implementer_urls: Sequence[str], token: str | None, retries: int
+) -> dict[str, HealthResponse]:
+    """GET /health of every replica, before the model loads: pointed at a dead service, a run would otherwise
+    generate for minutes and score every turn `evaluator_error`. Returns the answers by URL; raises
+    ServicesUnavailable naming each URL that did not answer (or answered as the other service) and the fix."""
+    answers: dict[str, HealthResponse] = {}
+    failures: list[str] = []
+    kinds: tuple[tuple[str, Sequence[str], type[EvaluatorClient] | type[ImplementerClient]], ...] = (
+        ("evaluator", evaluator_urls, EvaluatorClient),
+        ("implementer", implementer_urls, ImplementerClient),
+    )
+    for service, urls, client_type in kinds:
+        for url in urls:
+            try:
+                with client_type(url, token=token, timeout_s=10.0, retries=retries) as client:
+                    health = client.health()
+            except (ServiceError, ValueError) as exc:  # ValueError: an answer that is not a health response
+                detail = exc.detail if isinstance(exc, ServiceError) else "not a kernel-agent service"
+                failures.append(
+                    f"the {service} at {url} does not answer GET /health ({detail}); fix: {START_HINTS[service]}"
+                )
+                continue
+            if health.service != service:
+                failures.append(
+                    f"{url} is the {health.service}, not the {service}; fix: swap --evaluator-url and --implementer-url"
+                )
+                continue
+            if health.status != "ok":
+                log.warning("the %s at %s reports %s: %s", service, url, health.status, health.details)
+            answers[url] = health
+    if failures:
+        raise ServicesUnavailable("; ".join(failures))
+    return answers
 
 
 class Interrupted(Exception):

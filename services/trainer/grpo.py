@@ -22,7 +22,14 @@ import torch
 
 from services.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from services.trainer.config import ConfigError, TrainConfig
-from services.trainer.episodes import Interrupted, Services, ServiceSettings, Turn, run_episodes
+from services.trainer.episodes import (
+    Interrupted,
+    Services,
+    ServiceSettings,
+    Turn,
+    check_services,
+    run_episodes,
+)
 from services.trainer.logging_utils import RunLogger, make_progress, plot_reward_curve, truncate_jsonl
 from services.trainer.policy import Policy, load_policy, make_batch
 from services.trainer.replicas import ReplicaPool
@@ -33,6 +40,10 @@ from shared.contracts import TrainerStatus
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 30.0  # optimisation progress lines at most this often
 STD_EPS = 1e-4  # as TRL: (R - mean) / (std + 1e-4)
+
+
+class NothingLearned(RuntimeError):
+    """Updates ran but none had a sample to learn from (every turn left out: the services failed every request)."""
 
 
 # ---------------------------------------------------------------- returns and advantages
@@ -351,6 +362,13 @@ def truncate_logs(run_dir: Path, update: int, accelerator: Any) -> None:
 def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read top to bottom (CleanRL style)
     from accelerate import Accelerator
 
+    # 0. the services first: a dead URL fails here in seconds, not after a rollout of evaluator_errors
+    check_services(
+        config.evaluator_urls,
+        config.implementer_urls,
+        os.environ.get(config.api_token_env) or None,
+        config.request_retries,
+    )
     run_dir = Path(config.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
 
@@ -419,7 +437,7 @@ def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read 
             config.status_port,
         )
         status_server.start()
-    saved_update, empty_updates = start, 0
+    saved_update, empty_updates, updates_run, updates_with_samples = start, 0, 0, 0
     generation_s = [0.0]  # seconds spent generating in the current update
 
     def generate(prompts: list[list[int]]) -> list[tuple[list[int], str, bool]]:
@@ -469,10 +487,10 @@ def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read 
                 metrics = rollout_metrics(all_turns, all_samples, config)
                 n_tokens = sum(len(t.completion_ids) for t in all_turns)
                 empty_updates = 0 if all_samples else empty_updates + 1
+                updates_run, updates_with_samples = updates_run + 1, updates_with_samples + bool(all_samples)
                 if empty_updates >= config.max_empty_updates:
-                    raise RuntimeError(
-                        f"{empty_updates} updates in a row without a usable sample: the services "
-                        "failed every request; check the evaluator and implementer logs"
+                    raise NothingLearned(
+                        f"{empty_updates} updates in a row without a usable sample ({_left_out(metrics)})"
                     )
 
                 # 5-6. old/reference log-probs once, then ppo_epochs of the clipped loss + KL (optimise, above)
@@ -516,6 +534,8 @@ def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read 
                 if stopping:
                     break
         finished = state["update"] == config.updates
+        # a run whose every turn was left out trained nothing: no final/, and the caller sees a failure
+        learned_nothing = updates_run > 0 and updates_with_samples == 0
         if main_process and state["update"] != saved_update:
             save_checkpoint(
                 run_dir,
@@ -527,7 +547,7 @@ def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read 
                 config.to_dict(),
                 config.keep_checkpoints,
             )
-        if main_process and finished:
+        if main_process and finished and not learned_nothing:
             policy.model.save_pretrained(run_dir / "final")
             policy.tokenizer.save_pretrained(run_dir / "final")
         if main_process and logger.metrics_path.exists():
@@ -535,6 +555,11 @@ def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read 
         state["state"] = "finished" if finished else "training"
         accelerator.wait_for_everyone()  # the main process may still be writing final/
         accelerator.end_training()  # leaves the process group (several processes) before exiting
+        if learned_nothing:
+            raise NothingLearned(
+                f"none of the {updates_run} updates had a usable sample ({_left_out(state['metrics'])}); "
+                f"{run_dir / 'final'} was not written"
+            )
     except BaseException:
         state["state"] = "failed"
         raise
@@ -545,6 +570,15 @@ def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read 
         if status_server is not None:
             status_server.stop()
     return run_dir
+
+
+def _left_out(metrics: dict[str, float]) -> str:
+    """Why the samples were left out, for NothingLearned, with the fix."""
+    return (
+        f"evaluator_error {metrics.get('rate/evaluator_error', 0.0):.0%} and implementer upstream_error "
+        f"{metrics.get('rate/upstream_error', 0.0):.0%} of the last update's turns; fix: check the evaluator and "
+        "implementer logs (a GPU evaluator without a GPU, an LLM server that is down or rate-limited)"
+    )
 
 
 def _equalise_steps(steps: list[list[list[int]]], accelerator: Any) -> list[list[list[int]]]:
