@@ -115,6 +115,7 @@ class Turn:
     speedup: float | None = None
     eval_latency_s: float | None = None
     evaluation_reused: bool = False
+    kernel_changed: bool | None = None  # C differs from B as a program; None when no kernel came back
     ret: float = 0.0
     advantage: float = 0.0
 
@@ -153,6 +154,15 @@ def reference_as_candidate(reference_source: str) -> str:
         elif isinstance(node, ast.Name) and node.id == "Model":
             node.id = "ModelNew"
     return ast.unparse(tree)
+
+
+def same_program(before: str, after: str) -> bool:
+    """Whether two kernels are one program: compared after parsing (comments and layout dropped) with `Model`
+    renamed `ModelNew`, so a reference the implementer only renamed or re-printed counts as unchanged."""
+    try:
+        return reference_as_candidate(before) == reference_as_candidate(after)
+    except SyntaxError:
+        return before.strip() == after.strip()
 
 
 def kernel_hash(source: str) -> str:
@@ -255,6 +265,7 @@ async def _implement_turns(
         )
         turn.implement_status = status
         if status == "ok" and source:
+            turn.kernel_changed = not same_program(state.kernel_b, source)
             return source
         if status != "upstream_error" or not services.settings.skip_upstream_errors:
             turn.reward = values.not_compiled  # no_code / invalid_code / refused: nothing that compiles came back

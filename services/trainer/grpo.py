@@ -280,6 +280,8 @@ def rollout_metrics(turns: list[Turn], samples: list[Turn], config: TrainConfig)
         if scored
         else 0.0,
         "rate/correct": sum(t.verdict == "correct" for t in turns) / max(len(turns), 1),
+        # with the builtin implementer most suggestions name nothing it can apply and C equals B
+        "rate/kernel_changed": sum(bool(t.kernel_changed) for t in turns) / max(len(turns), 1),
         "rate/left_out": 1 - len(samples) / max(len(turns), 1),
         "rate/upstream_error": sum(t.implement_status == "upstream_error" for t in turns) / max(len(turns), 1),
         "rate/evaluator_error": sum(t.verdict == "evaluator_error" for t in turns) / max(len(turns), 1),
@@ -290,6 +292,21 @@ def rollout_metrics(turns: list[Turn], samples: list[Turn], config: TrainConfig)
         "services/eval_latency_s": statistics.fmean(latencies) if latencies else 0.0,
         "services/evaluations": float(len(latencies)),
     }
+
+
+def has_signal(update: int, metrics: dict[str, float], warn: bool) -> bool:
+    """Whether some group's samples got different returns; if none did, every advantage is 0 and the update only
+    moved the KL term, which a mean reward alone never shows, so say so in the console."""
+    if metrics["samples"] > 0 and metrics["reward/frac_zero_std_groups"] < 1.0:
+        return True
+    if warn:
+        log.warning(
+            "update %d had nothing to learn from: within every group all samples got the same return, so every "
+            "advantage is 0 (%.0f%% of the suggestions changed the kernel)",
+            update,
+            100 * metrics["rate/kernel_changed"],
+        )
+    return False
 
 
 def make_services(config: TrainConfig) -> Services:
@@ -512,8 +529,9 @@ def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read 
                     }
                 )
                 logger.log_update(update, metrics, all_turns)
+                signal_note = "" if has_signal(update, metrics, main_process) else " (nothing to learn from)"
                 state.update(update=update, metrics={"update": update, **metrics})
-                progress.update(bar, advance=1, info=f"reward {metrics['reward/mean']:+.3f}")
+                progress.update(bar, advance=1, info=f"reward {metrics['reward/mean']:+.3f}{signal_note}")
                 progress.update(episodes_bar, advance=config.batch_trajectories, info="")
 
                 # 8. checkpoint every save_every updates (and when asked to stop: decided together, see agreed)

@@ -29,6 +29,7 @@ EPISODE_FIELDS = (
     "speedup",
     "eval_latency_s",
     "evaluation_reused",
+    "kernel_changed",
     "finished",
     "message",
 )
@@ -85,6 +86,7 @@ def plot_reward_curve(metrics_path: Path, out_path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
     if not rows:
@@ -93,16 +95,15 @@ def plot_reward_curve(metrics_path: Path, out_path: Path) -> None:
     mean = [r["reward/mean"] for r in rows]
     std = [r["reward/std"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, mean, label="mean reward", color="C0")
-    ax.fill_between(
-        steps,
-        [m - s for m, s in zip(mean, std, strict=True)],
-        [m + s for m, s in zip(mean, std, strict=True)],
-        color="C0",
-        alpha=0.2,
-        label="± std",
-    )
-    ax.plot(steps, [r["rate/correct"] for r in rows], label="correct rate", color="C2", linestyle="--")
+    # Markers and error bars: after one update a line or a band has no length, and the plot looked empty.
+    ax.errorbar(steps, mean, yerr=std, label="mean reward ± std", color="C0", marker="o", capsize=4)
+    ax.plot(steps, [r["rate/correct"] for r in rows], label="correct rate", color="C2", linestyle="--", marker="s")
+    if all("rate/kernel_changed" in r for r in rows):
+        changed = [r["rate/kernel_changed"] for r in rows]
+        ax.plot(steps, changed, label="kernel changed (share)", color="C1", linestyle=":", marker="^")
+    if len(steps) == 1:
+        ax.set_xlim(steps[0] - 1, steps[0] + 1)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # updates are whole numbers
     ax.set_xlabel("update")
     ax.set_ylabel("reward")
     ax.grid(alpha=0.3)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from services.trainer.config import TrainConfig
 from services.trainer.episodes import Services, ServiceSettings, reference_as_candidate, run_episodes
 from services.trainer.grpo import evaluation_seed
 from services.trainer.replicas import ReplicaPool
@@ -203,3 +204,34 @@ def test_evaluation_seed_is_new_each_update_and_reproducible():
     assert len(set(seeds)) == 50 and all(0 <= s < 2**31 for s in seeds)
     assert seeds == [evaluation_seed(0, update) for update in range(1, 51)]  # a resumed run draws the same
     assert evaluation_seed(1, 1) != evaluation_seed(0, 1)
+
+
+class RenamingImplementer:
+    """The builtin backend's answer to a suggestion it cannot apply: B re-printed, `Model` renamed, a marker."""
+
+    async def implement(self, request):
+        source = reference_as_candidate(request.current_source) + "\n# kernel-agent techniques: none\n"
+        if request.suggestion == "fuse":
+            source = source.replace("torch.relu(x)", "torch.relu_(x)")
+        return ImplementResponse(status="ok", backend="scripted", source=source)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_a_kernel_only_renamed_or_reprinted_did_not_change(tokenizer):
+    from services.trainer.grpo import rollout_metrics
+
+    settings = ServiceSettings("cuda", "auto", 5, 1, 1, False, None, True, RewardValues())
+    services = Services(
+        ReplicaPool(["i"], lambda _: RenamingImplementer()), ReplicaPool(["e"], lambda _: ScriptedEvaluator()), settings
+    )
+    suggestions = ["make it faster", "fuse", "make it faster", "make it faster"]
+
+    def generate(prompts):
+        return [([7, 2], suggestions[j], True) for j in range(len(prompts))]
+
+    turns = asyncio.run(run_episodes([FakeProblem()], 4, 1, tokenizer, generate, services, 1024))
+    assert [t.kernel_changed for t in turns] == [False, True, False, False]
+    metrics = rollout_metrics(turns, [t for t in turns if t.reward is not None], TrainConfig(num_trajectories=4))
+    assert metrics["rate/kernel_changed"] == 0.25
