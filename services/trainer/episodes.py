@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from services.trainer.prompts import build_prompt
+from services.trainer.prompts import REFERENCE_VERDICT, build_prompt, describe_verdict
 from services.trainer.replicas import ReplicaPool
 from services.trainer.reward import RewardValues, reward
 from shared.clients import (
@@ -122,9 +122,12 @@ class Turn:
 
 @dataclass
 class EpisodeState:
+    """(A, B, the suggestion that led from A to B), and how B fared with the evaluator, for the prompt."""
+
     kernel_a: str
     kernel_b: str
     suggestion: str = ""
+    verdict: str = REFERENCE_VERDICT
 
 
 Evaluation = tuple[EvaluationResult | None, float, str]
@@ -313,6 +316,7 @@ async def _evaluate_turns(
             turn.speedup = baseline / result.candidate_ms.median
         if turn.verdict != "evaluator_error":  # the evaluator failing says nothing about C: stay on B
             state.kernel_a, state.kernel_b, state.suggestion = state.kernel_b, candidate, turn.suggestion
+            state.verdict = describe_verdict(turn.verdict, turn.speedup, result.message)
 
     jobs = [one(t, s, c) for t, s, c in zip(turns, states, candidates, strict=True) if c is not None]
     await asyncio.gather(*jobs)
@@ -342,8 +346,9 @@ async def run_episodes(
     for t in range(max_turns):
         if should_stop():
             raise Interrupted
+        target = services.settings.target
         prompts = [
-            build_prompt(tokenizer, s.kernel_a, s.suggestion, s.kernel_b, services.settings.target, max_prompt_tokens)
+            build_prompt(tokenizer, s.kernel_a, s.suggestion, s.kernel_b, target, max_prompt_tokens, verdict=s.verdict)
             for s in states
         ]
         completions = generate(prompts)

@@ -20,6 +20,19 @@ KERNEL_A_SAME = "Kernel A: the same as kernel B (no change made yet).\n\n"
 SUGGESTION_SECTION = "Suggestion that turned kernel A into kernel B:\n{suggestion}\n\n"
 NO_SUGGESTION = "Suggestion that turned kernel A into kernel B: none yet; kernel B is the reference.\n\n"
 KERNEL_B_SECTION = "Kernel B (the current version):\n```python\n{kernel}\n```\n\n"
+# How kernel B fared with the evaluator, as multi-turn kernel RL shows it: a broken B needs a fix, not a speed-up.
+VERDICT_SECTION = "Kernel B's evaluation: {verdict}\n\n"
+REFERENCE_VERDICT = "correct, 1.00x the reference's speed (it is the reference)."
+VERDICTS = {
+    "correct": "correct, {speedup} the reference's speed.",
+    "incorrect": "it compiles and runs, but its outputs differ from the reference's. {message}",
+    "compile_error": "it does not compile. {message}",
+    "runtime_error": "it compiles but fails while running. {message}",
+    "timeout": "it timed out. {message}",
+    "crashed": "its process crashed. {message}",
+    "rejected": "rejected by the evaluator's checks. {message}",
+}
+MESSAGE_HEAD_CHARS = 300  # the head of a compile error or mismatch message; the rest is cut
 INSTRUCTION = (
     "Goal: make kernel B faster while its outputs stay equal to the reference's. The next version will be written "
     "in {target}. Write ONE optimization suggestion for kernel B in at most three sentences: name the operation "
@@ -29,10 +42,22 @@ INSTRUCTION = (
 CUT_MARKER = "\n# ... [{n} tokens cut] ...\n"
 
 
-def _user_text(kernel_a: str | None, suggestion: str, kernel_b: str, target: str) -> str:
+def describe_verdict(status: str, speedup: float | None, message: str) -> str:
+    """Kernel B's verdict in one or two lines: the status, the speedup when correct, else the message's head."""
+    message = " ".join(message.split())
+    if len(message) > MESSAGE_HEAD_CHARS:
+        message = message[:MESSAGE_HEAD_CHARS] + " ..."
+    if status == "correct" and speedup is None:
+        return "correct (not timed)."
+    text = VERDICTS.get(status, status + ". {message}")
+    return text.format(speedup=f"{speedup or 0.0:.2f}x", message=message).strip()
+
+
+def _user_text(kernel_a: str | None, suggestion: str, kernel_b: str, target: str, verdict: str) -> str:
     text = KERNEL_A_SAME if kernel_a is None else KERNEL_A_SECTION.format(kernel=kernel_a)
     text += SUGGESTION_SECTION.format(suggestion=suggestion.strip()) if suggestion.strip() else NO_SUGGESTION
     text += KERNEL_B_SECTION.format(kernel=kernel_b)
+    text += VERDICT_SECTION.format(verdict=verdict) if verdict else ""
     return text + INSTRUCTION.format(target=TARGET_WORDS[target])
 
 
@@ -55,18 +80,25 @@ def _cut_middle(tokenizer: Any, text: str, keep_tokens: int) -> str:
 
 
 def build_prompt(
-    tokenizer: Any, kernel_a: str, suggestion: str, kernel_b: str, target: str, max_tokens: int
+    tokenizer: Any,
+    kernel_a: str,
+    suggestion: str,
+    kernel_b: str,
+    target: str,
+    max_tokens: int,
+    *,
+    verdict: str = "",
 ) -> list[int]:
-    """Chat-templated prompt ids showing A, the last suggestion and B, within max_tokens.
+    """Chat-templated prompt ids showing A, the last suggestion, B and B's verdict, within max_tokens.
 
-    The instruction and the template are never cut. Kernel A gives way first; kernel B is cut (head and tail
-    kept) only when it alone does not fit. A equal to B is shown once.
+    The instruction, the verdict (a bounded head) and the template are never cut. Kernel A gives way first; kernel
+    B is cut (head and tail kept) only when it alone does not fit. A equal to B is shown once.
     """
     a = None if kernel_a == kernel_b else kernel_a
-    ids = _render(tokenizer, _user_text(a, suggestion, kernel_b, target))
+    ids = _render(tokenizer, _user_text(a, suggestion, kernel_b, target, verdict))
     if len(ids) <= max_tokens:
         return ids
-    overhead = len(_render(tokenizer, _user_text(None if a is None else "", suggestion, "", target)))
+    overhead = len(_render(tokenizer, _user_text(None if a is None else "", suggestion, "", target, verdict)))
     budget = max_tokens - overhead
     if budget <= 0:
         raise ValueError(f"max_prompt_tokens {max_tokens} cannot hold the instruction ({overhead} tokens)")
@@ -75,7 +107,8 @@ def build_prompt(
         keep_b = min(b_len, budget - slack)
         keep_a = budget - slack - keep_b
         new_a = None if a is None else _cut_middle(tokenizer, a, keep_a)
-        ids = _render(tokenizer, _user_text(new_a, suggestion, _cut_middle(tokenizer, kernel_b, keep_b), target))
+        cut_b = _cut_middle(tokenizer, kernel_b, keep_b)
+        ids = _render(tokenizer, _user_text(new_a, suggestion, cut_b, target, verdict))
         if len(ids) <= max_tokens:
             return ids
     raise ValueError(f"could not fit the prompt into {max_tokens} tokens")

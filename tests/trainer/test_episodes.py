@@ -235,3 +235,38 @@ def test_a_kernel_only_renamed_or_reprinted_did_not_change(tokenizer):
     assert [t.kernel_changed for t in turns] == [False, True, False, False]
     metrics = rollout_metrics(turns, [t for t in turns if t.reward is not None], TrainConfig(num_trajectories=4))
     assert metrics["rate/kernel_changed"] == 0.25
+
+
+class BrokenThenFine:
+    """C of `break` does not compile; anything else is correct."""
+
+    async def evaluate(self, request):
+        if "from break" in request.candidate_source:
+            return EvaluationResult(
+                status=EvaluationStatus.compile_error,
+                compiled=False,
+                correct=False,
+                device="cpu",
+                message="kernel.cu(12): error: expected a ';'",
+            )
+        return _correct(1.0)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_the_next_prompt_says_how_kernel_b_fared(tokenizer):
+    settings = ServiceSettings("cuda", "auto", 5, 1, 1, False, None, True, RewardValues())
+    services = Services(
+        ReplicaPool(["i"], lambda _: ScriptedImplementer()), ReplicaPool(["e"], lambda _: BrokenThenFine()), settings
+    )
+    seen: list[list[str]] = []
+
+    def generate(prompts):
+        seen.append([tokenizer.decode(p) for p in prompts])
+        return [([7, 2], ["break", "fast"][j], True) for j in range(len(prompts))]
+
+    asyncio.run(run_episodes([FakeProblem()], 2, 2, tokenizer, generate, services, 1024))
+    assert all("it is the reference" in text for text in seen[0])
+    assert "it does not compile. kernel.cu(12): error: expected a ';'" in seen[1][0]  # B is the broken kernel
+    assert "correct, 2.00x the reference's speed." in seen[1][1]  # baseline 2 ms, candidate 1 ms

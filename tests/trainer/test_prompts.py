@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.trainer.prompts import INSTRUCTION, TARGET_WORDS, build_prompt
+from services.trainer.prompts import INSTRUCTION, REFERENCE_VERDICT, TARGET_WORDS, build_prompt, describe_verdict
 
 KERNEL_B = (
     "import torch\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x * 2  # B_MARK\n"
@@ -45,3 +45,21 @@ def test_huge_kernel_b_is_cut_but_the_instruction_survives(tokenizer):
     assert "A_MARK" not in text  # A went first
     assert "class ModelNew" in text and "B_TAIL" in text
     assert INSTRUCTION.format(target=TARGET_WORDS["cuda"]) in text
+
+
+def test_kernel_bs_verdict_is_shown_and_survives_truncation(tokenizer):
+    error = "error: identifier 'blockDim_x' is undefined " + "x" * 1000
+    verdict = describe_verdict("compile_error", None, error)
+    assert verdict.startswith("it does not compile. error: identifier 'blockDim_x' is undefined")
+    assert len(verdict) < 400 and verdict.endswith("...")  # the head of the message only
+    kernel_b = KERNEL_B + "".join(f"b_{i} = x + {i}\n" for i in range(3000))
+    text = _text(tokenizer, build_prompt(tokenizer, "A_MARK = 1\n", "tile it", kernel_b, "cuda", 900, verdict=verdict))
+    assert "Kernel B's evaluation: it does not compile. error: identifier 'blockDim_x'" in text
+    assert INSTRUCTION.format(target=TARGET_WORDS["cuda"]) in text
+
+
+def test_verdict_texts():
+    assert describe_verdict("correct", 1.234, "") == "correct, 1.23x the reference's speed."
+    assert describe_verdict("correct", None, "") == "correct (not timed)."
+    assert describe_verdict("incorrect", None, "max abs error 0.5 > atol 1e-4").endswith("atol 1e-4")
+    assert "reference" in REFERENCE_VERDICT  # the first turn's B
