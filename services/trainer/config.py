@@ -71,6 +71,10 @@ class TrainConfig(BaseModel):
     """Longest suggestion in tokens."""
     max_prompt_tokens: int = 2048
     """Prompt budget; kernel A is cut first, then kernel B, so the instruction always survives."""
+    prompt_techniques: bool = False
+    """List the implementer's techniques in the prompt (name, one line, an example phrasing; read from its GET
+    /health, which the builtin backend fills from its catalogue), so a suggestion is a choice among techniques it
+    can apply; False asks for free prose (an LLM implementer)."""
 
     # --- reward ---
     reward_not_compiled: float = -1.0

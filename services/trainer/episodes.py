@@ -8,10 +8,11 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from services.trainer.config import ConfigError
 from services.trainer.prompts import REFERENCE_VERDICT, build_prompt, describe_verdict
 from services.trainer.replicas import ReplicaPool
 from services.trainer.reward import RewardValues, reward
@@ -85,6 +86,26 @@ def check_services(
     return answers
 
 
+def published_vocabulary(answers: Mapping[str, HealthResponse], implementer_urls: Sequence[str]) -> list[Any]:
+    """The techniques the implementer publishes in GET /health (`details.vocabulary`: the builtin backend does), for
+    `prompt_techniques`; a ConfigError naming the URL when a replica publishes none, or replicas disagree."""
+    vocabularies = []
+    for url in implementer_urls:
+        details = answers[url].details
+        if not details.get("vocabulary"):
+            raise ConfigError(
+                f"prompt_techniques lists the implementer's techniques in the prompt, but the implementer at {url} "
+                f"(backend {details.get('backend')!r}) publishes none in GET /health; fix: run it with "
+                "IMPLEMENTER_BACKEND=builtin, or set prompt_techniques false (free prose, for an LLM implementer)"
+            )
+        vocabularies.append(details["vocabulary"])
+    if any(v != vocabularies[0] for v in vocabularies):
+        raise ConfigError(
+            f"the implementers {', '.join(implementer_urls)} publish different techniques; fix: run one version"
+        )
+    return list(vocabularies[0])
+
+
 class Interrupted(Exception):
     """SIGINT/SIGTERM arrived during the rollout: the update is abandoned before any optimizer step."""
 
@@ -146,6 +167,7 @@ class ServiceSettings:
     skip_upstream_errors: bool
     rewards: RewardValues
     reuse_evaluations: bool = True
+    techniques: str = ""  # the implementer's technique menu for the prompt (prompt_techniques), or none
 
 
 def reference_as_candidate(reference_source: str) -> str:
@@ -348,7 +370,16 @@ async def run_episodes(
             raise Interrupted
         target = services.settings.target
         prompts = [
-            build_prompt(tokenizer, s.kernel_a, s.suggestion, s.kernel_b, target, max_prompt_tokens, verdict=s.verdict)
+            build_prompt(
+                tokenizer,
+                s.kernel_a,
+                s.suggestion,
+                s.kernel_b,
+                target,
+                max_prompt_tokens,
+                verdict=s.verdict,
+                techniques=services.settings.techniques,
+            )
             for s in states
         ]
         completions = generate(prompts)

@@ -28,10 +28,12 @@ from services.trainer.episodes import (
     ServiceSettings,
     Turn,
     check_services,
+    published_vocabulary,
     run_episodes,
 )
 from services.trainer.logging_utils import RunLogger, make_progress, plot_reward_curve, truncate_jsonl
 from services.trainer.policy import Policy, load_policy, make_batch
+from services.trainer.prompts import technique_menu
 from services.trainer.replicas import ReplicaPool
 from services.trainer.reward import RewardValues
 from shared.clients import AsyncEvaluatorClient, AsyncImplementerClient
@@ -309,7 +311,7 @@ def has_signal(update: int, metrics: dict[str, float], warn: bool) -> bool:
     return False
 
 
-def make_services(config: TrainConfig) -> Services:
+def make_services(config: TrainConfig, techniques: str = "") -> Services:
     token = os.environ.get(config.api_token_env) or None
     retries = config.request_retries
     implementers = ReplicaPool(
@@ -336,6 +338,7 @@ def make_services(config: TrainConfig) -> Services:
         config.skip_upstream_errors,
         rewards,
         config.reuse_evaluations,
+        techniques,
     )
     return Services(implementers, evaluators, settings)
 
@@ -380,12 +383,13 @@ def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read 
     from accelerate import Accelerator
 
     # 0. the services first: a dead URL fails here in seconds, not after a rollout of evaluator_errors
-    check_services(
+    answers = check_services(
         config.evaluator_urls,
         config.implementer_urls,
         os.environ.get(config.api_token_env) or None,
         config.request_retries,
     )
+    menu = technique_menu(published_vocabulary(answers, config.implementer_urls)) if config.prompt_techniques else ""
     run_dir = Path(config.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
 
@@ -433,7 +437,7 @@ def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read 
     except (ValueError, KernelBenchUnavailable) as exc:
         raise ConfigError(f"problems {config.problems!r}: {exc}") from exc
     per_process = max(1, config.problems_per_step // accelerator.num_processes)
-    services = make_services(config)
+    services = make_services(config, menu)
     logger = RunLogger(run_dir, enabled=main_process)
     stop = StopFlag()
     loop = asyncio.new_event_loop()

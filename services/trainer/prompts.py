@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 SYSTEM_PROMPT = (
@@ -39,6 +40,18 @@ INSTRUCTION = (
     "and the technique (for example operator fusion, tiling, shared memory, vectorized loads, removing redundant "
     "work). Do not write code."
 )
+# With `prompt_techniques`: what the implementer can do, like a tool description, so the suggestion is a choice among
+# techniques that exist (the builtin implementer changes nothing for a suggestion that names none of them).
+TECHNIQUES_SECTION = (
+    "The implementer applies only these techniques, each only to kernels it fits (otherwise nothing changes):\n"
+    "{lines}\n\n"
+)
+TECHNIQUE_LINE = '- {name}: {summary}. Example: "{example}"'
+TECHNIQUE_INSTRUCTION = (
+    "Goal: make kernel B faster while its outputs stay equal to the reference's. The next version will be written "
+    "in {target}. Write ONE suggestion for kernel B in one sentence: choose the technique from the list that fits "
+    "kernel B best and phrase it like its example. Do not write code."
+)
 CUT_MARKER = "\n# ... [{n} tokens cut] ...\n"
 
 
@@ -53,11 +66,23 @@ def describe_verdict(status: str, speedup: float | None, message: str) -> str:
     return text.format(speedup=f"{speedup or 0.0:.2f}x", message=message).strip()
 
 
-def _user_text(kernel_a: str | None, suggestion: str, kernel_b: str, target: str, verdict: str) -> str:
+def technique_menu(vocabulary: Sequence[Mapping[str, Any]]) -> str:
+    """The implementer's techniques, one line each (name, what it does, a phrasing it recognises), from the
+    vocabulary it publishes in GET /health."""
+    lines = [
+        TECHNIQUE_LINE.format(name=t["name"], summary=str(t["summary"]).rstrip("."), example=t["example"])
+        for t in vocabulary
+    ]
+    return TECHNIQUES_SECTION.format(lines="\n".join(lines))
+
+
+def _user_text(kernel_a: str | None, suggestion: str, kernel_b: str, target: str, verdict: str, techniques: str) -> str:
     text = KERNEL_A_SAME if kernel_a is None else KERNEL_A_SECTION.format(kernel=kernel_a)
     text += SUGGESTION_SECTION.format(suggestion=suggestion.strip()) if suggestion.strip() else NO_SUGGESTION
     text += KERNEL_B_SECTION.format(kernel=kernel_b)
     text += VERDICT_SECTION.format(verdict=verdict) if verdict else ""
+    if techniques:
+        return text + techniques + TECHNIQUE_INSTRUCTION.format(target=TARGET_WORDS[target])
     return text + INSTRUCTION.format(target=TARGET_WORDS[target])
 
 
@@ -88,17 +113,20 @@ def build_prompt(
     max_tokens: int,
     *,
     verdict: str = "",
+    techniques: str = "",
 ) -> list[int]:
-    """Chat-templated prompt ids showing A, the last suggestion, B and B's verdict, within max_tokens.
+    """Chat-templated prompt ids showing A, the last suggestion, B and B's verdict (and the implementer's technique
+    menu, when given), within max_tokens.
 
-    The instruction, the verdict (a bounded head) and the template are never cut. Kernel A gives way first; kernel
-    B is cut (head and tail kept) only when it alone does not fit. A equal to B is shown once.
+    The instruction, the menu, the verdict (a bounded head) and the template are never cut. Kernel A gives way
+    first; kernel B is cut (head and tail kept) only when it alone does not fit. A equal to B is shown once.
     """
     a = None if kernel_a == kernel_b else kernel_a
-    ids = _render(tokenizer, _user_text(a, suggestion, kernel_b, target, verdict))
+    ids = _render(tokenizer, _user_text(a, suggestion, kernel_b, target, verdict, techniques))
     if len(ids) <= max_tokens:
         return ids
-    overhead = len(_render(tokenizer, _user_text(None if a is None else "", suggestion, "", target, verdict)))
+    empty_a = None if a is None else ""
+    overhead = len(_render(tokenizer, _user_text(empty_a, suggestion, "", target, verdict, techniques)))
     budget = max_tokens - overhead
     if budget <= 0:
         raise ValueError(f"max_prompt_tokens {max_tokens} cannot hold the instruction ({overhead} tokens)")
@@ -108,7 +136,7 @@ def build_prompt(
         keep_a = budget - slack - keep_b
         new_a = None if a is None else _cut_middle(tokenizer, a, keep_a)
         cut_b = _cut_middle(tokenizer, kernel_b, keep_b)
-        ids = _render(tokenizer, _user_text(new_a, suggestion, cut_b, target, verdict))
+        ids = _render(tokenizer, _user_text(new_a, suggestion, cut_b, target, verdict, techniques))
         if len(ids) <= max_tokens:
             return ids
     raise ValueError(f"could not fit the prompt into {max_tokens} tokens")

@@ -173,3 +173,9 @@ def test_shipped_configs_give_turn_position_no_advantage(name):
 def test_shipped_lora_configs_learn_at_a_lora_rate(name):
     config, _ = load_config(["--config", str(REPO / "configs" / name)])
     assert not config.use_lora or config.learning_rate >= 5e-5  # 1e-5 barely moves adapters that start at zero
+
+
+def test_the_offline_config_lists_the_techniques_and_the_design_config_does_not():
+    default, _ = load_config(["--config", str(REPO / "configs" / "default.yaml")])
+    design, _ = load_config(["--config", str(REPO / "configs" / "qwen2-gpt4o.yaml")])
+    assert default.prompt_techniques and not design.prompt_techniques

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from services.trainer.prompts import INSTRUCTION, REFERENCE_VERDICT, TARGET_WORDS, build_prompt, describe_verdict
+from services.trainer.prompts import (
+    INSTRUCTION,
+    REFERENCE_VERDICT,
+    TARGET_WORDS,
+    TECHNIQUE_INSTRUCTION,
+    build_prompt,
+    describe_verdict,
+    technique_menu,
+)
 
 KERNEL_B = (
     "import torch\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x * 2  # B_MARK\n"
@@ -63,3 +71,37 @@ def test_verdict_texts():
     assert describe_verdict("correct", None, "") == "correct (not timed)."
     assert describe_verdict("incorrect", None, "max abs error 0.5 > atol 1e-4").endswith("atol 1e-4")
     assert "reference" in REFERENCE_VERDICT  # the first turn's B
+
+
+def _builtin_health():
+    from services.implementer.backends.builtin import BuiltinBackend
+    from shared.contracts import HealthResponse
+
+    return HealthResponse(service="implementer", version="test", details=BuiltinBackend().describe())
+
+
+def test_the_technique_menu_comes_from_the_implementers_own_catalogue(tokenizer):
+    from services.implementer.rules import TECHNIQUES
+    from services.trainer.episodes import published_vocabulary
+
+    menu = technique_menu(published_vocabulary({"http://i": _builtin_health()}, ["http://i"]))
+    for technique in TECHNIQUES:  # every technique the implementer has, one line each, with a phrasing it knows
+        assert f'- {technique.name}: {technique.summary.rstrip(".")}. Example: "{technique.example}"' in menu
+    assert menu.count("\n- ") == len(TECHNIQUES)
+    kernel_b = KERNEL_B + "".join(f"b_{i} = x + {i}\n" for i in range(3000))
+    ids = build_prompt(tokenizer, "A_MARK = 1\n", "tile it", kernel_b, "cuda", 1500, techniques=menu)
+    text = _text(tokenizer, ids)
+    assert len(ids) <= 1500 and menu.strip() in text  # never cut, B gives way
+    assert TECHNIQUE_INSTRUCTION.format(target=TARGET_WORDS["cuda"]) in text and "tiling, shared memory" not in text
+
+
+def test_an_implementer_without_a_catalogue_is_refused_for_the_menu():
+    import pytest
+
+    from services.trainer.config import ConfigError
+    from services.trainer.episodes import published_vocabulary
+    from shared.contracts import HealthResponse
+
+    llm = HealthResponse(service="implementer", version="test", details={"backend": "openai", "model": "gpt-4o"})
+    with pytest.raises(ConfigError, match="implementer at http://llm .*prompt_techniques false"):
+        published_vocabulary({"http://llm": llm}, ["http://llm"])

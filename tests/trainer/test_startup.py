@@ -81,7 +81,7 @@ def test_a_run_that_learned_from_nothing_fails_without_final(tmp_path, monkeypat
     settings = ServiceSettings("cuda", "auto", 3, 1, 1, False, None, True, RewardValues())
     fake = Services(ReplicaPool(["i"], lambda _: Answers()), ReplicaPool(["e"], lambda _: Answers()), settings)
     monkeypatch.setattr(grpo, "check_services", lambda *args: {})
-    monkeypatch.setattr(grpo, "make_services", lambda _: fake)
+    monkeypatch.setattr(grpo, "make_services", lambda *args: fake)
     with pytest.raises(grpo.NothingLearned, match="final was not written"):
         grpo.train(config)
     run = tmp_path / "run"

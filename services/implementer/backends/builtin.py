@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from services.implementer.config import Settings
-from services.implementer.rules import ORDER, RewriteError, rewrite
+from services.implementer.rules import ORDER, RewriteError, rewrite, vocabulary
 from shared.contracts import ImplementRequest, ImplementResponse
 
 MODEL_NAME = "builtin-rules-v1"
@@ -22,7 +22,8 @@ class BuiltinBackend:
         return cls()
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.name, "model": self.model, "techniques": list(ORDER)}
+        # the vocabulary (name, summary, example, triggers) lets a client such as the trainer describe the techniques
+        return {"backend": self.name, "model": self.model, "techniques": list(ORDER), "vocabulary": vocabulary()}
 
     async def aclose(self) -> None:
         return None
