@@ -89,6 +89,7 @@ def summarize(run_dir: Path, config: str, wall_s: float | None, name: str = "lea
     suggestions = suggestion_stats(turns)
     problems = per_problem_first_last(turns)
     rewards = [r["reward/mean"] for r in rows]
+    changed = [r["rate/kernel_changed"] for r in rows if "rate/kernel_changed" in r]  # runs before it lack it
     window = min(5, len(rewards) // 2) or 1
     summary: dict[str, object] = {
         "config": config,
@@ -98,6 +99,9 @@ def summarize(run_dir: Path, config: str, wall_s: float | None, name: str = "lea
         "window": window,
         "first_mean_reward": statistics.fmean(rewards[:window]) if rewards else None,
         "last_mean_reward": statistics.fmean(rewards[-window:]) if rewards else None,
+        # the share of suggestions that changed the kernel does not depend on which problems an update drew
+        "first_kernel_changed": statistics.fmean(changed[:window]) if changed else None,
+        "last_kernel_changed": statistics.fmean(changed[-window:]) if changed else None,
         "curve": [
             {
                 k: r.get(k)
@@ -107,6 +111,7 @@ def summarize(run_dir: Path, config: str, wall_s: float | None, name: str = "lea
                     "reward/std",
                     "rate/compiled",
                     "rate/correct",
+                    "rate/kernel_changed",
                     "speedup/mean",
                     "reward/frac_zero_std_groups",
                     "services/evaluations",
@@ -129,7 +134,8 @@ def summarize(run_dir: Path, config: str, wall_s: float | None, name: str = "lea
     plot_reward_curve(run_dir / "metrics.jsonl", RESULTS / f"{name}.png")
     print(
         f"updates {len(rows)}: mean reward of the first {window} = {summary['first_mean_reward']}, "
-        f"last {window} = {summary['last_mean_reward']}; {len(problems)} problems seen twice or more: "
+        f"last {window} = {summary['last_mean_reward']}; kernel changed by {summary['first_kernel_changed']} / "
+        f"{summary['last_kernel_changed']} of the suggestions; {len(problems)} problems seen twice or more: "
         f"first visit {summary['per_problem_first_mean']}, last visit {summary['per_problem_last_mean']}, "
         f"{summary['per_problem_improved']} improved"
     )
