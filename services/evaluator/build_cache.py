@@ -18,6 +18,7 @@ import hashlib
 import importlib.util
 import inspect
 import json
+import logging
 import os
 import platform
 import re
@@ -29,7 +30,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from services.evaluator import cuda_headers, pch
+from services.evaluator import cuda_headers, pch, split_build
+
+log = logging.getLogger(__name__)
 
 # Arguments that only say where or how loudly to build; they do not change the binary.
 NON_KEY_ARGS = frozenset({"name", "build_directory", "verbose", "keep_intermediates"})
@@ -39,6 +42,16 @@ MAX_ARTIFACT_BYTES = 512 << 20
 MAX_BUILDS = 8
 MAX_REQUEST_BYTES = 2 << 20
 _SOURCE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+# The argument the service adds to a CUDA load_inline request it wants split-built (split_build.py): the key of
+# the binding object the builder will compile, which the service alone may publish into the binding cache.
+SPLIT_ARGUMENT = "split_build"
+_expected_bindings: dict[str, str] = {}
+
+
+def split_build_enabled() -> bool:
+    """`EVALUATOR_SPLIT_BUILD` (default off): try split builds of CUDA load_inline extensions (split_build.py).
+    Read from the service's environment when a request is parsed; builders never see it."""
+    return os.environ.get("EVALUATOR_SPLIT_BUILD", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 class BuildRequestError(ValueError):
@@ -82,7 +95,10 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]
 def cache_key(kind: str, arguments: dict[str, Any], arch: str) -> str:
     payload = {name: value for name, value in arguments.items() if name not in NON_KEY_ARGS}
     text = json.dumps({"kind": kind, "args": payload, "arch": arch}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()
+    key = hashlib.sha256(text.encode()).hexdigest()
+    if isinstance(arguments.get(SPLIT_ARGUMENT), str):
+        _expected_bindings[key] = arguments[SPLIT_ARGUMENT]
+    return key
 
 
 def library_name(key: str) -> str:
@@ -131,6 +147,10 @@ def parse_request(event: dict[str, Any], device: str) -> tuple[str, dict[str, An
         arguments.pop("sources", None)
     arguments = {name: value for name, value in arguments.items() if name not in NON_KEY_ARGS}
     _merge_flags(arguments, device)
+    if kind == "load_inline" and device == "cuda" and split_build_enabled():
+        binding = split_build.expected_binding(arguments, build_flags(device)["extra_cflags"])
+        if binding is not None:
+            arguments[SPLIT_ARGUMENT] = binding
     return kind, arguments
 
 
@@ -152,6 +172,7 @@ def publish(cache_dir: Path, builder_root: Path, builder_uid: int | None, key: s
             (staging / filename).write_bytes(data)
             os.chmod(staging / filename, 0o644)
         os.chmod(staging, 0o755)
+        _publish_binding(cache_dir, builder_root, builder_uid, key, files)
         try:
             os.rename(staging, target)
         except OSError:
@@ -160,6 +181,18 @@ def publish(cache_dir: Path, builder_root: Path, builder_uid: int | None, key: s
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target / name
+
+
+def _publish_binding(cache_dir: Path, builder_root: Path, builder_uid: int | None, key: str, files: list[str]) -> None:
+    """Store the binding object of a split build, under the key the service computed from the request itself."""
+    from services.evaluator.safe_files import read_file_beneath
+
+    expected = _expected_bindings.pop(key, None)
+    filename = f"split_binding_{expected}.o"
+    if expected is None or filename not in files or split_build.cached_binding(cache_dir, expected) is not None:
+        return
+    data = read_file_beneath(builder_root, f"home/build/{filename}", MAX_ARTIFACT_BYTES, builder_uid)
+    split_build.store_binding(cache_dir, expected, data)
 
 
 def prepare(cache_dir: Path) -> None:
@@ -245,6 +278,11 @@ def build(job: dict[str, Any], build_dir: Path, device: str, cache_dir: Path) ->
 
     kind, arguments = job["kind"], dict(job["arguments"])
     name = library_name(job["key"])
+    split_binding = arguments.pop(SPLIT_ARGUMENT, None)
+    if split_binding is not None and kind == "load_inline" and device == "cuda":
+        files = _split(arguments, build_dir, name, cache_dir, device, str(split_binding))
+        if files is not None:
+            return files, True
     if kind == "load":
         source_dir = build_dir.parent / "sources"
         source_dir.mkdir(exist_ok=True)
@@ -266,6 +304,25 @@ def build(job: dict[str, Any], build_dir: Path, device: str, cache_dir: Path) ->
     finally:
         cpp_extension._import_module_from_library = importer
     return [p.name for p in build_dir.iterdir() if p.is_file() and p.suffix in PUBLISHED_SUFFIXES], light
+
+
+def _split(
+    arguments: dict[str, Any], build_dir: Path, name: str, cache_dir: Path, device: str, expected: str
+) -> list[str] | None:
+    """A split build (split_build.py), or None after any failure: the whole build then decides the verdict."""
+    try:
+        files, binding = split_build.build(
+            _copy_lists(arguments), build_dir, name, cache_dir, build_flags(device)["extra_cflags"]
+        )
+    except Exception as error:  # a split that fails in any way only costs time
+        log.info("split build of %s failed; building whole: %s", name, str(error)[-2000:])
+        shutil.rmtree(build_dir)
+        build_dir.mkdir()
+        return None
+    published = [f for f in files if f.endswith(PUBLISHED_SUFFIXES)]
+    if binding == expected and f"split_binding_{binding}.o" in files:
+        published.append(f"split_binding_{binding}.o")
+    return published
 
 
 def compile_extension(

@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 PCH_HEADER_NAME = "torch_extension_pch.h"
 PCH_HEADER_TEXT = "#pragma once\n#include <torch/extension.h>\n"
+# The split build's host code (split_build.py) includes only torch/types.h; its PCH lives beside the other.
+TYPES_HEADER = "torch/types.h"
 PCH_BUILD_TIMEOUT_S = 300
 
 
@@ -89,10 +91,16 @@ def _compiler_identity(compiler: str) -> str:
     return out.stdout.splitlines()[0] if out.stdout else compiler
 
 
-def pch_key(cflags: Sequence[str], compiler: str) -> str:
+def _header_name(header: str) -> str:
+    return PCH_HEADER_NAME if header == "torch/extension.h" else "torch_types_pch.h"
+
+
+def pch_key(cflags: Sequence[str], compiler: str, header: str = "torch/extension.h") -> str:
     import torch
 
     blob = "\0".join([_compiler_identity(compiler), shutil.which(compiler) or compiler, torch.__version__, *cflags])
+    if header != "torch/extension.h":
+        blob += f"\0{header}"
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -112,57 +120,65 @@ def _unique(flags: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(flags))
 
 
-def _locate(cache_dir: str | Path, extra_cflags: Sequence[str], with_cuda: bool) -> tuple[Path, list[str]] | None:
+def _locate(
+    cache_dir: str | Path, extra_cflags: Sequence[str], with_cuda: bool, header: str = "torch/extension.h"
+) -> tuple[Path, list[str]] | None:
     compiler = _compiler()
     if "clang" in _compiler_identity(compiler).lower():
         return None
     cflags = _ninja_cflags(_unique(extra_cflags), with_cuda)
     if cflags is None:
         return None
-    return Path(cache_dir) / "pch" / pch_key(cflags, compiler), cflags
+    return Path(cache_dir) / "pch" / pch_key(cflags, compiler, header), cflags
 
 
-def find_pch(cache_dir: str | Path, extra_cflags: Sequence[str] = (), with_cuda: bool = True) -> Path | None:
+def find_pch(
+    cache_dir: str | Path, extra_cflags: Sequence[str] = (), with_cuda: bool = True, header: str = "torch/extension.h"
+) -> Path | None:
     """The prebuilt header for these flags, or None; never builds (workers may not write the cache)."""
     try:
-        located = _locate(cache_dir, extra_cflags, with_cuda)
+        located = _locate(cache_dir, extra_cflags, with_cuda, header)
     except Exception:  # a missing compiler or torch API change costs the PCH, never the build
         log.warning("no precompiled header lookup", exc_info=True)
         return None
-    if located is None or not (located[0] / (PCH_HEADER_NAME + ".gch")).is_file():
+    name = _header_name(header)
+    if located is None or not (located[0] / (name + ".gch")).is_file():
         return None
-    return located[0] / PCH_HEADER_NAME
+    return located[0] / name
 
 
-def ensure_pch(cache_dir: str | Path, extra_cflags: Sequence[str] = (), with_cuda: bool = True) -> Path | None:
+def ensure_pch(
+    cache_dir: str | Path, extra_cflags: Sequence[str] = (), with_cuda: bool = True, header: str = "torch/extension.h"
+) -> Path | None:
     """Path of the header to `-include` for these flags, building its `.gch` once; None when unsupported.
 
     Trusted (service-side) code only. Concurrent builders serialise on a lock file; the finished directory is
     published by an atomic rename.
     """
-    located = _locate(cache_dir, extra_cflags, with_cuda)
+    located = _locate(cache_dir, extra_cflags, with_cuda, header)
     if located is None:
         return None
     final, cflags = located
     root = final.parent
     compiler = _compiler()
-    header = final / PCH_HEADER_NAME
-    if (final / (PCH_HEADER_NAME + ".gch")).is_file():
-        return header
+    name = _header_name(header)
+    path = final / name
+    if (final / (name + ".gch")).is_file():
+        return path
     with _locked(root / (final.name + ".lock")):
-        if (final / (PCH_HEADER_NAME + ".gch")).is_file():
-            return header
+        if (final / (name + ".gch")).is_file():
+            return path
         staging = Path(tempfile.mkdtemp(prefix=final.name + ".", dir=root))
         try:
-            (staging / PCH_HEADER_NAME).write_text(PCH_HEADER_TEXT)
+            (staging / name).write_text(f"#pragma once\n#include <{header}>\n")
             cmd = [
                 compiler,
                 *cflags,
                 "-x",
                 "c++-header",
-                str(staging / PCH_HEADER_NAME),
+                str(staging / name),
                 "-o",
-                str(staging / (PCH_HEADER_NAME + ".gch")),
+                str(staging / (name + ".gch")),
             ]
             run = subprocess.run(cmd, capture_output=True, text=True, timeout=PCH_BUILD_TIMEOUT_S, check=False)
             if run.returncode != 0:
@@ -173,7 +189,7 @@ def ensure_pch(cache_dir: str | Path, extra_cflags: Sequence[str] = (), with_cud
             os.replace(staging, final)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    return header
+    return path
 
 
 def pch_cflags(header: Path | None) -> list[str]:
@@ -191,8 +207,12 @@ def main() -> None:
     import torch
 
     logging.basicConfig(level=logging.INFO)
-    header = ensure_pch(sys.argv[1], sys.argv[2:], with_cuda=torch.cuda.is_available())
+    with_cuda = torch.cuda.is_available()
+    header = ensure_pch(sys.argv[1], sys.argv[2:], with_cuda=with_cuda)
     log.info("precompiled header: %s", header)
+    if with_cuda:  # the split build's host code (split_build.py)
+        types = ensure_pch(sys.argv[1], sys.argv[2:], with_cuda=True, header=TYPES_HEADER)
+        log.info("precompiled header: %s", types)
 
 
 if __name__ == "__main__":

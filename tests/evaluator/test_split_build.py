@@ -1,0 +1,308 @@
+"""The split build's splitter and code generation (split_build.py) over the CUDA corpus, its hook in build_cache,
+and real compiles of split outputs with nvcc and g++ where nvcc is installed (no GPU needed)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("tree_sitter_cuda")
+
+from services.evaluator import build_cache, split_build  # noqa: E402
+from tests.evaluator import cuda_corpus  # noqa: E402
+
+# Candidates the splitter must leave to the whole build, and why.
+WHOLE = {
+    "c34_compile_error_syntax": "parser",
+    "c37_compile_error_missing_declaration": "do not declare",
+    "c38_compile_error_device_calls_host": "names host code",
+    "c44_packed_accessor": "uses torch",
+    "c45_anonymous_namespace": "namespace_definition",
+    "c46_preprocessor_guard": "preproc_ifdef",
+    "c47_cublas_only": "no kernel launch",
+    "c48_func_attribute": "names device symbol",
+    "c49_dispatch_in_host_template": "host template",
+    "c50_deduced_template": "template arguments",
+}
+
+
+def _arguments(case: cuda_corpus.Case) -> dict[str, Any]:
+    """The arguments as the builder gets them: parse_request's view, with the evaluator's flags merged in."""
+    (call,) = cuda_corpus.load_inline_calls(case.source)
+    arguments = {k: v for k, v in call.items() if k not in build_cache.NON_KEY_ARGS}
+    build_cache._merge_flags(arguments, "cuda")
+    return arguments
+
+
+@pytest.fixture(scope="module")
+def corpus() -> list[tuple[cuda_corpus.Case, dict[str, Any]]]:
+    return [(case, _arguments(case)) for case in cuda_corpus.cases()]
+
+
+def _plan(corpus: list[tuple[cuda_corpus.Case, dict[str, Any]]], name: str) -> split_build.SplitPlan:
+    arguments = next(a for c, a in corpus if c.name == name)
+    return split_build.make_plan(arguments)
+
+
+def test_corpus_covers_the_styles_and_verdicts(corpus: list[tuple[cuda_corpus.Case, dict[str, Any]]]) -> None:
+    assert len(corpus) >= 40
+    expects = {case.expect for case, _ in corpus}
+    assert expects == set(cuda_corpus.VERDICTS)
+    text = "\n".join(case.source for case, _ in corpus)
+    for style in ("AT_DISPATCH_FLOATING_TYPES_AND_HALF", "__shfl", "float4", "__constant__", "cudaStream_t",
+                  "cublasSgemm", "__nv_bfloat16", "__half", "extern __shared__", "torch::matmul"):  # fmt: skip
+        assert style in text, style
+    assert any(len(a["functions"]) > 1 for _, a in corpus if isinstance(a["functions"], list))
+
+
+def test_splitter_accepts_most_of_the_corpus_and_refuses_what_it_cannot_see(
+    corpus: list[tuple[cuda_corpus.Case, dict[str, Any]]],
+) -> None:
+    outcomes = {case.name: split_build.try_plan(arguments) for case, arguments in corpus}
+    refused = {name: reason for name, (plan, reason) in outcomes.items() if plan is None}
+    assert set(refused) == set(WHOLE), refused
+    for name, reason in refused.items():
+        assert WHOLE[name] in reason, (name, reason)
+    assert len(outcomes) - len(refused) >= 0.8 * len(outcomes)
+
+
+def test_every_plan_keeps_torch_out_of_device_code_and_launches_out_of_host_code(
+    corpus: list[tuple[cuda_corpus.Case, dict[str, Any]]],
+) -> None:
+    for case, arguments in corpus:
+        plan, _ = split_build.try_plan(arguments)
+        if plan is None:
+            continue
+        device_includes = re.findall(r"#\s*include\s*[<\"]([^>\"]+)", plan.device_source)
+        torch_includes = {i for i in device_includes if i.split("/")[0] in ("torch", "ATen", "c10", "pybind11")}
+        assert torch_includes <= {"c10/util/Half.h", "c10/util/BFloat16.h"}, case.name
+        assert "<<<" not in plan.host_source, case.name
+        assert plan.host_source.count("ka_launch_") >= plan.launch_sites, case.name
+        assert plan.device_source.count('extern "C" void ka_launch_') >= plan.launch_sites, case.name
+        assert "torch/extension.h" not in plan.host_source, case.name
+        assert plan.binding_source.startswith("#include <torch/extension.h>")
+
+
+def test_dispatched_launch_gets_one_launcher_per_type(corpus: list[tuple[cuda_corpus.Case, dict[str, Any]]]) -> None:
+    plan = _plan(corpus, "c03_half_relu_dispatch")
+    assert re.findall(r"void (ka_launch_0_\w+)\(", plan.device_source) == [
+        "ka_launch_0_double",
+        "ka_launch_0_float",
+        "ka_launch_0_Half",
+    ]
+    assert "relu_kernel<c10::Half><<<ka_grid, ka_block, ka_shared, ka_stream>>>" in plan.device_source
+    assert "#include <c10/util/Half.h>" in plan.device_source
+    assert "ka_launch_0<scalar_t>(blocks, threads, 0, stream, in.data_ptr<scalar_t>()" in plan.host_source
+    both = _plan(corpus, "c33_reduced_dispatch_half_bf16")
+    assert len(re.findall(r'extern "C" void ka_launch_0_', both.device_source)) == 4
+    assert "ka_launch_0_BFloat16" in both.device_source
+    reduced = _plan(corpus, "c54_relu_reduced_types")
+    assert re.findall(r"void (ka_launch_0_\w+)\(", reduced.device_source) == [
+        "ka_launch_0_Half",
+        "ka_launch_0_BFloat16",
+    ]
+
+
+def test_launch_configurations_and_template_constants(corpus: list[tuple[cuda_corpus.Case, dict[str, Any]]]) -> None:
+    # Two-argument launches get no shared memory and the default stream, as <<<g, b>>> does.
+    plan = _plan(corpus, "c01_relu_basic")
+    assert "ka_launch_0(blocks, threads, 0, 0, input.data_ptr<float>()" in plan.host_source
+    assert "#define CHECK_INPUT" in plan.device_source  # macros go to both sides
+    tiled = _plan(corpus, "c17_matmul_template_tile")
+    assert "matmul_kernel<kTile><<<" in tiled.device_source
+    assert "constexpr int kTile = 32;" in tiled.device_source and "constexpr int kTile = 32;" in tiled.host_source
+    streams = _plan(corpus, "c26_relu_two_streams")
+    assert streams.launch_sites == 2
+    assert "ka_launch_1((n - half + 255) / 256, 256, 0, streams[1], xp + half, yp + half, n - half)" in (
+        streams.host_source
+    )
+
+
+def test_constant_memory_is_reached_through_an_accessor(
+    corpus: list[tuple[cuda_corpus.Case, dict[str, Any]]],
+) -> None:
+    plan = _plan(corpus, "c11_polynomial_constant_array")
+    assert "cudaMemcpyToSymbolAsync(ka_symbol_d_coeffs(), host," in plan.host_source
+    assert 'extern "C" const void* ka_symbol_d_coeffs() { return (const void*)&d_coeffs; }' in plan.device_source
+    assert "__constant__" not in plan.host_source
+
+
+def test_host_device_helpers_and_wrappers_in_cpp_sources(
+    corpus: list[tuple[cuda_corpus.Case, dict[str, Any]]],
+) -> None:
+    helper = _plan(corpus, "c29_host_device_helper")
+    assert "inline int ceil_div" in helper.host_source and "inline int ceil_div" in helper.device_source
+    assert "gelu_exact" not in helper.host_source
+    wrapper = _plan(corpus, "c31_wrapper_in_cpp_sources")
+    assert "torch::Tensor relu(torch::Tensor x) {" in wrapper.host_source  # the definition from cpp_sources
+    assert "torch :: Tensor relu ( torch :: Tensor x ) ;" in wrapper.binding_source  # its declaration, as tokens
+
+
+def test_binding_is_what_load_inline_generates_and_its_key_ignores_layout() -> None:
+    cuda = "__global__ void k(float* y) { y[0] = 1; }\nvoid f(torch::Tensor y) { k<<<1, 1>>>(y.data_ptr<float>()); }\n"
+    arguments = {"cpp_sources": "void f(torch::Tensor y);", "cuda_sources": cuda, "functions": {"f": "doc of f"}}
+    plan = split_build.make_plan(arguments)
+    assert 'm.def("f", torch::wrap_pybind_function(f), "doc of f");' in plan.binding_source
+    assert f"PYBIND11_MODULE({split_build.BINDING_INIT}, m)" in plan.binding_source
+    raw = split_build.make_plan({**arguments, "with_pytorch_error_handling": False})
+    assert 'm.def("f", f, "doc of f");' in raw.binding_source
+    spaced = split_build.make_plan({**arguments, "cpp_sources": "// the wrapper\nvoid   f(torch::Tensor y) ;\n"})
+    assert split_build.binding_key(spaced.binding_source, "s") == split_build.binding_key(plan.binding_source, "s")
+    other = split_build.make_plan({**arguments, "cpp_sources": "void f(at::Tensor y);"})
+    assert split_build.binding_key(other.binding_source, "s") != split_build.binding_key(plan.binding_source, "s")
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"extra_cuda_cflags": ["-DFAST=1"]}, "flag"),
+        ({"extra_cuda_cflags": ["-Xcompiler", "-fopenmp"]}, "flag"),
+        ({"extra_cflags": ["-ffast-math"]}, "flag"),
+        ({"extra_ldflags": ["-Wl,--wrap=malloc"]}, "flag"),
+        ({"extra_include_paths": ["/tmp"]}, "include paths"),
+        ({"functions": None}, "no functions"),
+        ({"is_python_module": False}, "python module"),
+        ({"cpp_sources": "void f(torch::Tensor y);\nPYBIND11_MODULE(x, m) {}"}, "bind on their own"),
+    ],
+)
+def test_arguments_the_split_does_not_reproduce_take_the_whole_build(change: dict[str, Any], reason: str) -> None:
+    cuda = "__global__ void k(float* y) { y[0] = 1; }\nvoid f(torch::Tensor y) { k<<<1, 1>>>(y.data_ptr<float>()); }\n"
+    arguments = {"cpp_sources": "void f(torch::Tensor y);", "cuda_sources": cuda, "functions": ["f"], **change}
+    plan, why = split_build.try_plan(arguments)
+    assert plan is None and reason in why
+
+
+def test_blank_flags_as_candidates_write_them_are_no_obstacle() -> None:
+    cuda = "__global__ void k(float* y) { y[0] = 1; }\nvoid f(torch::Tensor y) { k<<<1, 1>>>(y.data_ptr<float>()); }\n"
+    arguments = {"cpp_sources": "void f(torch::Tensor y);", "cuda_sources": cuda, "functions": ["f"]}
+    plan, why = split_build.try_plan({**arguments, "extra_cflags": [""], "extra_ldflags": [""]})
+    assert plan is not None, why
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        'void f(torch::Tensor y) { asm volatile(""); k<<<1, 1>>>(y.data_ptr<float>()); }',
+        "void f(torch::Tensor y) { auto p = &k; k<<<1, 1>>>(y.data_ptr<float>()); }",
+        "void f(torch::Tensor y) { const int T = 4; t<T><<<1, 1>>>(y.data_ptr<float>()); }",
+        "void f(torch::Tensor y) { t<scalar_t><<<1, 1>>>(y.data_ptr<float>()); }",
+        "void f(torch::Tensor y) { k<<<1, 1>>>(y.data_ptr<float>(), 2); }",
+    ],
+)
+def test_host_code_the_splitter_does_not_fully_understand_is_refused(host: str) -> None:
+    cuda = (
+        "__global__ void k(float* y) { y[0] = 1; }\n"
+        "template <int N> __global__ void t(float* y) { y[0] = N; }\n"
+        "const int T = 8;\n" + host + "\n"
+    )
+    plan, why = split_build.try_plan(
+        {"cpp_sources": "void f(torch::Tensor y);", "cuda_sources": cuda, "functions": ["f"]}
+    )
+    assert plan is None, host
+    assert why
+
+
+def test_service_asks_for_a_split_only_when_enabled_and_publishes_only_the_expected_binding(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    case = next(c for c in cuda_corpus.cases() if c.name == "c01_relu_basic")
+    (call,) = cuda_corpus.load_inline_calls(case.source)
+    event = {"kind": "load_inline", "arguments": call}
+    monkeypatch.setattr(split_build, "binding_salt", lambda flags: ("salt", ()))
+    monkeypatch.delenv("EVALUATOR_SPLIT_BUILD", raising=False)
+    _, off = build_cache.parse_request(event, "cuda")
+    assert build_cache.SPLIT_ARGUMENT not in off
+    monkeypatch.setenv("EVALUATOR_SPLIT_BUILD", "1")
+    _, on = build_cache.parse_request(event, "cuda")
+    expected = on[build_cache.SPLIT_ARGUMENT]
+    assert expected == split_build.binding_key(split_build.make_plan(on).binding_source, "salt")
+    _, cpu = build_cache.parse_request(event, "cpu")
+    assert build_cache.SPLIT_ARGUMENT not in cpu
+    refused = {**call, "cuda_sources": call["cuda_sources"].replace("#include <cuda_runtime.h>", "namespace a {}")}
+    _, whole = build_cache.parse_request({"kind": "load_inline", "arguments": refused}, "cuda")
+    assert build_cache.SPLIT_ARGUMENT not in whole
+
+    key = build_cache.cache_key("load_inline", on, "arch")
+    assert build_cache.cache_key("load_inline", off, "arch") != key
+    cache_dir, root = tmp_path / "cache", tmp_path / "builder"
+    build_cache.prepare(cache_dir)
+    (root / "home" / "build").mkdir(parents=True)
+    name = build_cache.library_name(key)
+    forged = "f" * 64
+    for filename in (f"{name}.so", f"split_binding_{expected}.o", f"split_binding_{forged}.o"):
+        (root / "home" / "build" / filename).write_bytes(filename.encode())
+    files = [f"{name}.so", f"split_binding_{expected}.o", f"split_binding_{forged}.o"]
+    build_cache.publish(cache_dir, root, None, key, files)
+    stored = split_build.cached_binding(cache_dir, expected)
+    assert stored is not None and stored.read_bytes() == f"split_binding_{expected}.o".encode()
+    assert split_build.cached_binding(cache_dir, forged) is None
+    assert not (cache_dir / key / f"split_binding_{expected}.o").exists()
+
+
+def test_a_failed_split_build_falls_back_to_the_whole_build(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+
+    def failing_split(*args: Any, **kwargs: Any) -> Any:
+        (tmp_path / "build" / "split_device.cu").write_text("left behind")
+        raise RuntimeError("split build failed: nvcc said no")
+
+    whole_builds: list[dict[str, Any]] = []
+
+    def whole(original: Any, arguments: dict[str, Any], kind: str, device: str, build_dir: Path) -> bool:
+        whole_builds.append(arguments)
+        (build_dir / f"{arguments['name']}.so").write_bytes(b"")
+        return True
+
+    monkeypatch.setattr(split_build, "build", failing_split)
+    monkeypatch.setattr(build_cache, "compile_extension", whole)
+    monkeypatch.setattr(build_cache.pch, "find_pch", lambda *a, **k: None)
+    (tmp_path / "build").mkdir()
+    arguments = {"cpp_sources": "", "cuda_sources": "", "functions": ["f"], build_cache.SPLIT_ARGUMENT: "0" * 64}
+    files, _ = build_cache.build({"kind": "load_inline", "arguments": arguments, "key": "k" * 64}, tmp_path / "build",
+                                 "cuda", tmp_path / "cache")  # fmt: skip
+    assert len(whole_builds) == 1 and build_cache.SPLIT_ARGUMENT not in whole_builds[0]
+    assert files == [f"{build_cache.library_name('k' * 64)}.so"]  # the split's files are gone
+
+
+# Real compiles: nvcc for the device file, g++ for the host file, as the split build's ninja file says. Only for
+# candidates that need no CUDA library headers beyond the runtime's (this machine's toolkit may lack cuBLAS).
+COMPILED = ["c01_relu_basic", "c11_polynomial_constant_array", "c21_row_sum_shared", "c33_reduced_dispatch_half_bf16"]
+
+
+@pytest.fixture(scope="module")
+def cuda_toolchain() -> None:
+    torch = pytest.importorskip("torch")
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc not installed")
+    import torch.utils.cpp_extension as cpp_extension
+
+    cuda_home = os.environ.get("CUDA_HOME") or str(Path(os.path.realpath(nvcc)).parents[1])
+    patch = pytest.MonkeyPatch()
+    if not torch.cuda.is_available():
+        patch.setattr(cpp_extension, "CUDA_HOME", cuda_home)
+        patch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    yield
+    patch.undo()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", COMPILED)
+def test_split_sources_compile(
+    name: str, corpus: list[tuple[cuda_corpus.Case, dict[str, Any]]], cuda_toolchain: None, tmp_path: Path
+) -> None:
+    plan = _plan(corpus, name)
+    objects, _ = split_build.write_ninja(plan, tmp_path, f"ext_{name[:3]}", tmp_path / "cache", ["-O3"])
+    device = [o for o in objects if o.startswith("split_device")]
+    # The host file once (torch/types.h without a PCH is the slow part on a CPU runner); the device file for each.
+    targets = device + (
+        [o for o in objects if o.startswith(("split_host", "split_stub"))] if name == COMPILED[0] else []
+    )
+    split_build.run_ninja(tmp_path, targets)
+    assert all((tmp_path / t).stat().st_size > 0 for t in targets)
