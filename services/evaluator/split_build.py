@@ -14,6 +14,9 @@ with tree-sitter (the CUDA grammar) and writes:
   init of a fixed name; `split_stub.cpp` forwards the extension's own `PyInit_<name>` to it.
 - one link of the three objects and the binding.
 
+split_source.py reads the CUDA source (items, launch sites, rewrites); this module checks the arguments, writes
+the three sources and the binding, and compiles and links them.
+
 Whatever the splitter does not fully understand (preprocessor conditionals, namespaces, host code that names a
 device symbol other than by launching it or through the `cudaMemcpy*Symbol` calls, a templated kernel launched
 with arguments it cannot see through, flags that change how host code compiles, ...) raises `NotSplittable`, and
@@ -30,40 +33,18 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from services.evaluator import split_source
+from services.evaluator.split_source import NotSplittable
 
 log = logging.getLogger(__name__)
 
 BINDING_INIT = "ka_split_binding"
 BINDING_DIR = "split-bindings"
 BINDING_TIMEOUT_S = 600
-TORCH_NAMESPACES = frozenset({"torch", "at", "c10", "pybind11", "py"})
-TORCH_MACRO = re.compile(r"^(TORCH|AT|C10|CUDA_KERNEL_LAUNCH)_")
-LIGHT_TYPES = frozenset({"at::Half", "c10::Half", "at::BFloat16", "c10::BFloat16"})
-TORCH_INCLUDE = re.compile(r"^[<\"](torch|ATen|c10|pybind11)/")
-SYMBOL_CALLS = {
-    "cudaMemcpyToSymbol": 0,
-    "cudaMemcpyToSymbolAsync": 0,
-    "cudaMemcpyFromSymbol": 1,
-    "cudaMemcpyFromSymbolAsync": 1,
-    "cudaGetSymbolAddress": 1,
-    "cudaGetSymbolSize": 1,
-}
-FLOATING = ("double", "float")
-INTEGRAL = ("uint8_t", "int8_t", "int16_t", "int32_t", "int64_t")
-DISPATCH_TYPES: dict[str, tuple[str, ...]] = {
-    "AT_DISPATCH_FLOATING_TYPES": FLOATING,
-    "AT_DISPATCH_FLOATING_TYPES_AND_HALF": (*FLOATING, "c10::Half"),
-    "AT_DISPATCH_FLOATING_TYPES_AND": FLOATING,
-    "AT_DISPATCH_FLOATING_TYPES_AND2": FLOATING,
-    "AT_DISPATCH_REDUCED_FLOATING_TYPES": ("c10::Half", "c10::BFloat16"),
-    "AT_DISPATCH_INTEGRAL_TYPES": INTEGRAL,
-    "AT_DISPATCH_ALL_TYPES": (*INTEGRAL, *FLOATING),
-}
-SCALAR_TYPES = {"Half": "c10::Half", "kHalf": "c10::Half", "BFloat16": "c10::BFloat16", "kBFloat16": "c10::BFloat16"}
 # Flags that act on device code only, or equally on every part of a split build; any other flag takes the whole
 # build (a -D, -std or -I would reach the host code differently, and some flags run programs in the builder).
 SAFE_CUDA_FLAG = re.compile(
@@ -101,10 +82,6 @@ DEVICE_PRELUDE = """\
 LIGHT_HEADERS = "#include <c10/util/Half.h>\n#include <c10/util/BFloat16.h>\n"
 
 
-class NotSplittable(Exception):
-    """The splitter does not fully understand these sources; they take the whole build."""
-
-
 @dataclass
 class SplitPlan:
     device_source: str
@@ -114,339 +91,6 @@ class SplitPlan:
     extra_cflags: list[str] = field(default_factory=list)
     extra_cuda_cflags: list[str] = field(default_factory=list)
     extra_ldflags: list[str] = field(default_factory=list)
-
-
-@functools.cache
-def _parser() -> Any:
-    import tree_sitter_cuda
-    from tree_sitter import Language, Parser
-
-    return Parser(Language(tree_sitter_cuda.language()))
-
-
-def _text(node: Any) -> str:
-    return str(node.text.decode("utf-8", "replace"))
-
-
-def _walk(node: Any) -> Iterator[Any]:
-    yield node
-    for child in node.children:
-        yield from _walk(child)
-
-
-def _names(node: Any) -> set[str]:
-    return {_text(n) for n in _walk(node) if n.type in ("identifier", "type_identifier", "namespace_identifier")}
-
-
-def _mentions_torch(node: Any) -> bool:
-    for n in _walk(node):
-        if n.type == "qualified_identifier" and _text(n).replace(" ", "") in LIGHT_TYPES:
-            continue
-        if n.type == "namespace_identifier" and _text(n) in TORCH_NAMESPACES:
-            parent = n.parent
-            if parent is None or _text(parent).replace(" ", "") not in LIGHT_TYPES:
-                return True
-        if n.type == "identifier" and TORCH_MACRO.match(_text(n)):
-            return True
-    return False
-
-
-def _parse(source: str) -> Any:
-    tree = _parser().parse(source.encode())
-    if tree.root_node.has_error:
-        raise NotSplittable("the parser does not accept the source")
-    return tree.root_node
-
-
-def _specifiers(function: Any) -> set[str]:
-    """CUDA and storage specifiers before a function's declarator (__global__, __device__, inline, static...)."""
-    found = set()
-    for child in function.children:
-        if child.type in ("function_declarator", "compound_statement"):
-            break
-        found.add(_text(child))
-    return found
-
-
-def _declarator_name(node: Any) -> str | None:
-    declarator = node.child_by_field_name("declarator")
-    while declarator is not None and declarator.type not in ("identifier", "field_identifier"):
-        if declarator.type in ("qualified_identifier", "operator_name", "destructor_name"):
-            return None
-        declarator = declarator.child_by_field_name("declarator")
-    return _text(declarator) if declarator is not None else None
-
-
-@dataclass
-class Item:
-    """One top-level construct of the CUDA source and the side(s) of the split it belongs to."""
-
-    node: Any
-    side: str  # "device", "host" or "both"
-    defines: set[str]
-    kernel: Any = None  # the function_definition of a __global__ kernel
-    variable: bool = False  # a __constant__/__device__ variable
-    template: Any = None  # its template_parameter_list
-
-
-def _classify(node: Any) -> Item:
-    kind = node.type
-    if kind == "comment":
-        return Item(node, "none", set())
-    if kind == "preproc_include":
-        path = _text(node.child_by_field_name("path"))
-        if path.startswith('"'):
-            raise NotSplittable(f"local include {path}")
-        return Item(node, "host" if TORCH_INCLUDE.match(path) else "both", set())
-    if kind in ("preproc_def", "preproc_function_def"):
-        return Item(node, "both", {_text(node.child_by_field_name("name"))})
-    if kind == "preproc_call":
-        return Item(node, "both", set())
-    if kind in ("using_declaration", "namespace_alias_definition"):
-        return Item(node, "host" if _mentions_torch(node) else "both", set())
-    if kind in ("type_definition", "alias_declaration", "struct_specifier", "class_specifier", "enum_specifier"):
-        return Item(node, "host" if _mentions_torch(node) else "both", _type_names(node))
-    if kind == "template_declaration":
-        inner = [c for c in node.children if c.type not in ("template", "template_parameter_list")]
-        if len(inner) != 1:
-            raise NotSplittable("unexpected template declaration")
-        item = _classify(inner[0])
-        item.node, item.template = node, node.child_by_field_name("parameters")
-        if inner[0].type == "function_definition" and {"__host__", "__device__"} <= _specifiers(inner[0]):
-            item.side = "both"  # a template may be defined in both files
-        return item
-    if kind == "function_definition":
-        return _classify_function(node)
-    if kind == "declaration":
-        return _classify_declaration(node)
-    raise NotSplittable(f"top-level {kind}")
-
-
-def _type_names(node: Any) -> set[str]:
-    names = {_text(n) for n in node.children if n.type == "type_identifier"}
-    name = node.child_by_field_name("name")
-    if name is not None:
-        names.add(_text(name))
-    for child in node.children:
-        if child.type in ("struct_specifier", "class_specifier", "enum_specifier"):
-            names |= _type_names(child)
-    return names
-
-
-def _classify_function(node: Any) -> Item:
-    name = _declarator_name(node)
-    if name is None:
-        raise NotSplittable("a function with a qualified name")
-    specifiers = _specifiers(node)
-    if "__global__" in specifiers:
-        return Item(node, "device", {name}, kernel=node)
-    if {"__host__", "__device__"} <= specifiers and specifiers & {"inline", "__forceinline__", "static", "constexpr"}:
-        return Item(node, "host" if _mentions_torch(node) else "both", {name})
-    if "__device__" in specifiers:
-        return Item(node, "device", {name})
-    return Item(node, "host", {name})
-
-
-def _declared_names(node: Any) -> set[str]:
-    names = set()
-    for declarator in node.children_by_field_name("declarator"):
-        while declarator is not None and declarator.type not in ("identifier", "field_identifier"):
-            declarator = declarator.child_by_field_name("declarator")
-        if declarator is not None:
-            names.add(_text(declarator))
-    return names
-
-
-def _classify_declaration(node: Any) -> Item:
-    words = {_text(c) for c in node.children if c.type in ("type_qualifier", "storage_class_specifier")}
-    words |= {c.type for c in node.children if c.type.startswith("__")}
-    names = _declared_names(node)
-    if not names:
-        raise NotSplittable("a declaration without a name")
-    if words & {"__global__"}:
-        return Item(node, "device", names)
-    if words & {"__constant__", "__device__", "__shared__", "__managed__"}:
-        return Item(node, "device", names, variable=not any(c.type == "function_declarator" for c in _walk(node)))
-    if any(c.type == "function_declarator" for c in _walk(node)):
-        return Item(node, "host", names)
-    if words & {"const", "constexpr"} and not _mentions_torch(node):
-        return Item(node, "both", names)
-    return Item(node, "host", names)
-
-
-# Launch sites ---------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Launch:
-    index: int
-    kernel: Item
-    call: Any
-    template_args: list[str]  # the site's explicit template arguments, `scalar_t` for the dispatched type
-    types: tuple[str, ...]  # the dispatched types, or () when the site names no dispatched type
-
-
-def _kernel_parameters(kernel: Item) -> list[Any]:
-    declarator = kernel.kernel.child_by_field_name("declarator")
-    while declarator is not None and declarator.type != "function_declarator":
-        declarator = declarator.child_by_field_name("declarator")
-    if declarator is None:
-        raise NotSplittable("a kernel without a parameter list")
-    params = [c for c in declarator.child_by_field_name("parameters").children if c.is_named and c.type != "comment"]
-    if any(p.type != "parameter_declaration" or _declarator_name(p) is None for p in params):
-        raise NotSplittable("a kernel parameter with a default, a pack or no name")
-    return params
-
-
-def _template_names(kernel: Item) -> list[str]:
-    if kernel.template is None:
-        return []
-    names = []
-    for param in kernel.template.named_children:
-        if param.type == "type_parameter_declaration":
-            names.append(_text(next(c for c in param.children if c.type == "type_identifier")))
-        elif param.type == "parameter_declaration" and _declarator_name(param):
-            names.append(str(_declarator_name(param)))
-        elif param.type != "comment":
-            raise NotSplittable(f"kernel template parameter {param.type}")
-    return names
-
-
-def _substituted(node: Any, mapping: dict[str, str]) -> str:
-    """The text of `node` with identifiers in `mapping` replaced (template parameters by their arguments)."""
-    edits = [
-        (n.start_byte, n.end_byte, mapping[_text(n)])
-        for n in _walk(node)
-        if n.type in ("identifier", "type_identifier") and _text(n) in mapping
-    ]
-    return _apply(node.text, node.start_byte, edits)
-
-
-def _apply(data: bytes, base: int, edits: list[tuple[int, int, str]]) -> str:
-    out, cursor = [], base
-    for start, end, replacement in sorted(edits):
-        if start < cursor:
-            raise NotSplittable("overlapping rewrites")
-        out += [data[cursor - base : start - base].decode(), replacement]
-        cursor = end
-    out.append(data[cursor - base :].decode())
-    return "".join(out)
-
-
-def _dispatch_of(call: Any, function: Any) -> tuple[str, ...]:
-    """The types an enclosing AT_DISPATCH_* macro binds `scalar_t` to; () outside one."""
-    found: list[tuple[str, ...]] = []
-    node = call.parent
-    while node is not None and node != function:
-        if node.type == "template_declaration":
-            raise NotSplittable("a launch inside a host template")
-        callee = node.child_by_field_name("function") if node.type == "call_expression" else None
-        if callee is not None and _text(callee).startswith("AT_DISPATCH_"):
-            macro = _text(callee)
-            if macro not in DISPATCH_TYPES:
-                raise NotSplittable(f"dispatch macro {macro}")
-            types = DISPATCH_TYPES[macro]
-            if macro.endswith(("_AND", "_AND2")):
-                extra = list(node.child_by_field_name("arguments").named_children)[: 2 if "2" in macro else 1]
-                for arg in extra:
-                    last = re.split(r"[:.]", _text(arg))[-1]
-                    if last not in SCALAR_TYPES:
-                        raise NotSplittable(f"dispatched type {_text(arg)}")
-                    types = (*types, SCALAR_TYPES[last])
-            found.append(types)
-        node = node.parent
-    if len(found) > 1:
-        raise NotSplittable("nested dispatch")
-    return found[0] if found else ()
-
-
-def _local_names(function: Any) -> set[str]:
-    kinds = ("init_declarator", "parameter_declaration", "declaration", "alias_declaration", "type_definition")
-    names = {str(_declarator_name(n)) for n in _walk(function) if n.type in kinds and _declarator_name(n)}
-    return names | {_text(n.child_by_field_name("name")) for n in _walk(function) if n.type == "alias_declaration"}
-
-
-def _find_launch(call: Any, kernels: dict[str, Item], function: Any, index: int) -> Launch:
-    callee = call.child_by_field_name("function")
-    if callee.type == "identifier":
-        name, args = _text(callee), []
-    elif callee.type == "template_function":
-        name = _text(callee.child_by_field_name("name"))
-        args = [_text(a) for a in callee.child_by_field_name("arguments").named_children]
-    else:
-        raise NotSplittable("a launch of something other than a kernel name")
-    if function.type == "template_declaration":
-        raise NotSplittable("a launch inside a host template")
-    kernel = kernels.get(name)
-    if kernel is None:
-        raise NotSplittable(f"a launch of {name}, which is not a kernel of this source")
-    if len(args) != len(_template_names(kernel)):
-        raise NotSplittable(f"a launch of {name} without all its template arguments")
-    types = _dispatch_of(call, function)
-    used = set().union(*(_names(a) for a in callee.child_by_field_name("arguments").named_children)) if args else set()
-    if "scalar_t" in used and not types:
-        raise NotSplittable("scalar_t outside a dispatch")
-    if (used - {"scalar_t"}) & _local_names(function):
-        raise NotSplittable("a template argument names a local of the host function")
-    return Launch(index, kernel, call, args, types if "scalar_t" in used else ())
-
-
-def _launcher_params(launch: Launch, scalar: str | None) -> tuple[list[str], list[str]]:
-    """(declarations, names) of the kernel's parameters for one instantiation."""
-    mapping = {}
-    for name, arg in zip(_template_names(launch.kernel), launch.template_args, strict=True):
-        mapping[name] = re.sub(r"\bscalar_t\b", scalar, arg) if scalar else arg
-    params = _kernel_parameters(launch.kernel)
-    return [_substituted(p, mapping) for p in params], [str(_declarator_name(p)) for p in params]
-
-
-def _tag(type_name: str) -> str:
-    return type_name.replace("c10::", "").replace("_t", "")
-
-
-LAUNCH_HEAD = "dim3 ka_grid, dim3 ka_block, size_t ka_shared, cudaStream_t ka_stream"
-
-
-def _launchers(launch: Launch) -> tuple[str, str]:
-    """(device definitions, host declarations) of one launch site's launchers."""
-    kernel_name = _declarator_name(launch.kernel.kernel)
-    device, host = [], []
-    for scalar in launch.types or (None,):
-        decls, names = _launcher_params(launch, scalar)
-        suffix = f"_{_tag(scalar)}" if scalar else ""
-        targs = ", ".join(re.sub(r"\bscalar_t\b", scalar, a) if scalar else a for a in launch.template_args)
-        instance = f"{kernel_name}<{targs}>" if launch.template_args else kernel_name
-        signature = f'extern "C" void ka_launch_{launch.index}{suffix}({", ".join([LAUNCH_HEAD, *decls])})'
-        device.append(
-            f"{signature} {{\n  {instance}<<<ka_grid, ka_block, ka_shared, ka_stream>>>({', '.join(names)});\n}}\n"
-        )
-        host.append(signature + ";\n")
-    if launch.types:
-        decls, names = _launcher_params(launch, "ka_scalar_t")
-        call_args = ", ".join(["ka_grid, ka_block, ka_shared, ka_stream", *names])
-        branches = "\n  else ".join(
-            f"if constexpr (std::is_same_v<ka_scalar_t, {t}>) ka_launch_{launch.index}_{_tag(t)}({call_args});"
-            for t in launch.types
-        )
-        host.append(
-            f"template <typename ka_scalar_t>\ninline void ka_launch_{launch.index}({', '.join([LAUNCH_HEAD, *decls])}) {{\n"
-            f'  {branches}\n  else static_assert(sizeof(ka_scalar_t) == 0, "type not dispatched");\n}}\n'
-        )
-    return "".join(device), "".join(host)
-
-
-def _launch_rewrite(launch: Launch) -> tuple[int, int, str]:
-    syntax = next(c for c in launch.call.children if c.type == "kernel_call_syntax")
-    config = [_text(c) for c in syntax.named_children if c.type != "comment"]
-    if not 2 <= len(config) <= 4:
-        raise NotSplittable("a launch configuration of an unexpected length")
-    config += ["0", "0"][: 4 - len(config)]
-    arguments = launch.call.child_by_field_name("arguments")
-    args = [_text(a) for a in arguments.named_children if a.type != "comment"]
-    if len(args) != len(_kernel_parameters(launch.kernel)):
-        raise NotSplittable("a launch whose argument count differs from the kernel's parameters")
-    target = f"ka_launch_{launch.index}<scalar_t>" if launch.types else f"ka_launch_{launch.index}"
-    return launch.call.start_byte, launch.call.end_byte, f"{target}({', '.join([*config, *args])})"
 
 
 # The plan -------------------------------------------------------------------------------------------------------
@@ -490,25 +134,25 @@ def _binding(cpp_sources: str, functions: dict[str, str], pytorch_errors: bool) 
     """(binding source, host definitions from cpp_sources, declared names): what load_inline's main.cpp holds."""
     if "PYBIND11" in cpp_sources or "TORCH_LIBRARY" in cpp_sources:
         raise NotSplittable("cpp_sources bind on their own")
-    root = _parse(cpp_sources)
+    root = split_source.parse(cpp_sources)
     kept, definitions, declared = [], [], set()
     for node in root.named_children:
         if node.type == "comment":
             continue
         if node.type in ("preproc_include", "preproc_def", "preproc_function_def", "preproc_call"):
-            if _text(node).strip() != "#include <torch/extension.h>":
-                kept.append(_text(node).strip() + "\n")
-            definitions.append(_text(node).strip() + "\n")
+            if split_source.text(node).strip() != "#include <torch/extension.h>":
+                kept.append(split_source.text(node).strip() + "\n")
+            definitions.append(split_source.text(node).strip() + "\n")
         elif node.type in ("using_declaration", "alias_declaration", "type_definition"):
-            kept.append(_tokens(node) + "\n")
-            definitions.append(_text(node) + "\n")
-        elif node.type == "declaration" and any(c.type == "function_declarator" for c in _walk(node)):
-            declared |= _declared_names(node)
-            kept.append(_tokens(node) + "\n")
-        elif node.type == "function_definition" and _declarator_name(node):
-            declared.add(str(_declarator_name(node)))
-            kept.append(_tokens(node, stop=node.child_by_field_name("body")) + " ;\n")
-            definitions.append(_text(node) + "\n")
+            kept.append(split_source.tokens(node) + "\n")
+            definitions.append(split_source.text(node) + "\n")
+        elif node.type == "declaration" and any(c.type == "function_declarator" for c in split_source.walk(node)):
+            declared |= split_source.declared_names(node)
+            kept.append(split_source.tokens(node) + "\n")
+        elif node.type == "function_definition" and split_source.declarator_name(node):
+            declared.add(str(split_source.declarator_name(node)))
+            kept.append(split_source.tokens(node, stop=node.child_by_field_name("body")) + " ;\n")
+            definitions.append(split_source.text(node) + "\n")
         else:
             raise NotSplittable(f"cpp_sources with a top-level {node.type}")
     if set(functions) - declared:
@@ -520,105 +164,38 @@ def _binding(cpp_sources: str, functions: dict[str, str], pytorch_errors: bool) 
     return "".join([*lines, "}\n"]), "".join(definitions), declared
 
 
-def _tokens(node: Any, stop: Any = None) -> str:
-    """The node's tokens (comments dropped) joined by single spaces: one text for one declaration however laid
-    out, so equal declaration sets share a binding."""
-    end = stop.start_byte if stop is not None else node.end_byte
-    leaves = [n for n in _walk(node) if n.child_count == 0 and n.type != "comment" and n.end_byte <= end]
-    return " ".join(_text(n) for n in leaves if _text(n))
-
-
-def _check_references(items: list[Item], launches: list[Launch], symbols: list[Any]) -> None:
-    device_names = set().union(*(i.defines for i in items if i.side == "device"))
-    host_names = set().union(*(i.defines for i in items if i.side == "host"))
-    allowed = [(n.start_byte, n.end_byte) for n in [launch.call.child_by_field_name("function") for launch in launches]]
-    allowed += [(s.start_byte, s.end_byte) for s in symbols]
-    for item in items:
-        if item.side == "device":
-            if _mentions_torch(item.node):
-                raise NotSplittable("device code that uses torch")
-            if _names(item.node) & host_names:
-                raise NotSplittable("device code that names host code")
-        elif item.side == "host":
-            for node in _walk(item.node):
-                if node.type in ("identifier", "type_identifier") and _text(node) in device_names:
-                    if not any(start <= node.start_byte and node.end_byte <= end for start, end in allowed):
-                        raise NotSplittable(f"host code names device symbol {_text(node)}")
-
-
-def _symbol_uses(item: Item, variables: set[str]) -> list[Any]:
-    found = []
-    for node in _walk(item.node):
-        callee = node.child_by_field_name("function") if node.type == "call_expression" else None
-        if callee is None or _text(callee) not in SYMBOL_CALLS:
-            continue
-        args = node.child_by_field_name("arguments").named_children
-        position = SYMBOL_CALLS[_text(callee)]
-        if len(args) > position and args[position].type == "identifier" and _text(args[position]) in variables:
-            found.append(args[position])
-    return found
-
-
 def make_plan(arguments: dict[str, Any]) -> SplitPlan:
     """Split a `load_inline` call's sources into device, host and binding sources; NotSplittable if unsure."""
     functions = _check_arguments(arguments)
     binding, cpp_definitions, _ = _binding(
         "\n".join(_as_list(arguments.get("cpp_sources"))), functions, arguments.get("with_pytorch_error_handling", True)
     )
-    source = "\n".join(_as_list(arguments.get("cuda_sources")))
-    root = _parse(source)
-    items = [item for item in (_classify(node) for node in root.named_children) if item.side != "none"]
-    kernels = {}
-    for item in items:
-        if item.kernel is not None:
-            name = str(_declarator_name(item.kernel))
-            if name in kernels:
-                raise NotSplittable(f"kernel {name} defined twice")
-            kernels[name] = item
-    variables = set().union(*(i.defines for i in items if i.variable))
-    launches: list[Launch] = []
-    symbols: list[Any] = []
-    edits: dict[int, list[tuple[int, int, str]]] = {}
-    for item in items:
-        if item.side != "host":
-            continue
-        if any(n.type in ("gnu_asm_expression", "asm_statement") for n in _walk(item.node)):
-            raise NotSplittable("inline assembly in host code")
-        for node in _walk(item.node):
-            if node.type == "call_expression" and any(c.type == "kernel_call_syntax" for c in node.children):
-                launch = _find_launch(node, kernels, item.node, len(launches))
-                launches.append(launch)
-                edits.setdefault(id(item), []).append(_launch_rewrite(launch))
-        for symbol in _symbol_uses(item, variables):
-            symbols.append(symbol)
-            edits.setdefault(id(item), []).append((symbol.start_byte, symbol.end_byte, f"ka_symbol_{_text(symbol)}()"))
-    if not launches:
-        raise NotSplittable("no kernel launch in host code")
-    _check_references(items, launches, symbols)
+    found = split_source.analyse("\n".join(_as_list(arguments.get("cuda_sources"))))
+    items, launches, symbols, edits = found.items, found.launches, found.symbols, found.edits
     device, host = [DEVICE_PRELUDE], [HOST_PRELUDE, cpp_definitions]
     light = False
     announced: set[int] = set()
     exported: set[str] = set()
     for item in items:
-        text = _text(item.node) + "\n"
+        text = split_source.text(item.node) + "\n"
         if item.side in ("device", "both"):
             device.append(text)
-            light = light or bool(_names(item.node) & {"Half", "BFloat16"})
+            light = light or bool(split_source.names(item.node) & {"Half", "BFloat16"})
         if item.side in ("host", "both"):
-            host.append(_apply(item.node.text, item.node.start_byte, edits.get(id(item), [])) + "\n")
+            host.append(split_source.apply_edits(item.node.text, item.node.start_byte, edits.get(id(item), [])) + "\n")
         if item.side == "device":
             for launch in launches:
-                kernel_name = str(_declarator_name(launch.kernel.kernel))
+                kernel_name = str(split_source.declarator_name(launch.kernel.kernel))
                 if kernel_name in item.defines and launch.index not in announced:
                     announced.add(launch.index)
-                    host.append(_launchers(launch)[1])
-            for name in sorted(item.defines & {_text(s) for s in symbols} - exported):
+                    host.append(split_source.launchers(launch)[1])
+            for name in sorted(item.defines & {split_source.text(s) for s in symbols} - exported):
                 exported.add(name)
                 host.append(f'extern "C" const void* ka_symbol_{name}();\n')
     for launch in launches:
-        device.append(_launchers(launch)[0])
+        device.append(split_source.launchers(launch)[0])
         light = light or any(t.startswith("c10::") for t in launch.types)
-    for name in sorted({_text(s) for s in symbols}):
+    for name in sorted({split_source.text(s) for s in symbols}):
         device.append(f'extern "C" const void* ka_symbol_{name}() {{ return (const void*)&{name}; }}\n')
     if light:
         device.insert(1, LIGHT_HEADERS)
@@ -627,9 +204,10 @@ def make_plan(arguments: dict[str, Any]) -> SplitPlan:
         host_source=_without_extension_include("".join(host)),
         binding_source=binding,
         launch_sites=len(launches),
-        extra_cflags=_as_list(arguments.get("extra_cflags")),
-        extra_cuda_cflags=_as_list(arguments.get("extra_cuda_cflags")),
-        extra_ldflags=_as_list(arguments.get("extra_ldflags")),
+        # Blank flags (candidates write extra_cflags=[""]) change nothing but the PCH lookup: dropped.
+        extra_cflags=[f for f in _as_list(arguments.get("extra_cflags")) if f.strip()],
+        extra_cuda_cflags=[f for f in _as_list(arguments.get("extra_cuda_cflags")) if f.strip()],
+        extra_ldflags=[f for f in _as_list(arguments.get("extra_ldflags")) if f.strip()],
     )
 
 
@@ -744,11 +322,12 @@ def write_ninja(
     if link is None:
         raise NotSplittable("unexpected build.ninja")
     objects = link.group(1).split()
-    binding_object = str(cached) if cached is not None else f"split_binding_{key}.o"
+    binding_object = _ninja_path(str(cached)) if cached is not None else f"split_binding_{key}.o"
     ninja = ninja.replace(link.group(0), f"{link.group(0)} {binding_object}")
     if cached is None:
         quoted = " ".join(_ninja_escape(f) for f in flags)
-        edge = f"build {binding_object}: compile {build_dir / 'split_binding.cpp'}\n  cflags = {quoted}\n"
+        source = _ninja_path(str(build_dir / "split_binding.cpp"))
+        edge = f"build {binding_object}: compile {source}\n  cflags = {quoted}\n"
         ninja = ninja.replace(link.group(0), f"{edge}\n{link.group(0)}")
         objects.append(binding_object)
     (build_dir / "build.ninja").write_text(ninja)
@@ -756,9 +335,15 @@ def write_ninja(
 
 
 def _ninja_escape(flag: str) -> str:
+    """A flag for a ninja variable that the shell reads: shell-quoted, `$` doubled for ninja."""
     import shlex
 
     return shlex.quote(flag).replace("$", "$$")
+
+
+def _ninja_path(path: str) -> str:
+    """A path in a ninja build line: `$`, spaces and colons escaped."""
+    return path.replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
 
 
 def run_ninja(build_dir: Path, targets: list[str], timeout_s: float = BINDING_TIMEOUT_S) -> None:
