@@ -177,12 +177,13 @@ def make_plan(arguments: dict[str, Any]) -> SplitPlan:
     announced: set[int] = set()
     exported: set[str] = set()
     for item in items:
-        text = split_source.text(item.node) + "\n"
+        text = split_source.text(item.node) + item.suffix + "\n"
         if item.side in ("device", "both"):
             device.append(text)
             light = light or bool(split_source.names(item.node) & {"Half", "BFloat16"})
         if item.side in ("host", "both"):
-            host.append(split_source.apply_edits(item.node.text, item.node.start_byte, edits.get(id(item), [])) + "\n")
+            rewritten = split_source.apply_edits(item.node.text, item.node.start_byte, edits.get(id(item), []))
+            host.append(rewritten + item.suffix + "\n")
         if item.side == "device":
             for launch in launches:
                 kernel_name = str(split_source.declarator_name(launch.kernel.kernel))

@@ -113,6 +113,7 @@ class Item:
     defines: set[str]
     kernel: Any = None  # the function_definition of a __global__ kernel
     variable: bool = False  # a __constant__/__device__ variable
+    suffix: str = ""  # the `;` after a top-level struct or enum, which the grammar leaves outside the node
     template: Any = None  # its template_parameter_list
 
 
@@ -429,6 +430,9 @@ def analyse(source: str) -> Analysis:
     """Parse and classify the CUDA source; NotSplittable for anything not fully understood."""
     root = parse(source)
     items = [item for item in (classify(node) for node in root.named_children) if item.side != "none"]
+    for item in items:
+        after = item.node.next_sibling
+        item.suffix = ";" if after is not None and after.type == ";" else ""
     kernels = {}
     for item in items:
         if item.kernel is not None:

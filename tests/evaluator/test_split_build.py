@@ -123,6 +123,12 @@ def test_launch_configurations_and_template_constants(corpus: list[tuple[cuda_co
     )
 
 
+def test_a_struct_keeps_its_semicolon_on_both_sides(corpus: list[tuple[cuda_corpus.Case, dict[str, Any]]]) -> None:
+    plan = _plan(corpus, "c30_functor_template")
+    for source in (plan.device_source, plan.host_source):
+        assert re.search(r"struct SigmoidOp \{.*?\n\};\n", source, re.DOTALL), source
+
+
 def test_constant_memory_is_reached_through_an_accessor(
     corpus: list[tuple[cuda_corpus.Case, dict[str, Any]]],
 ) -> None:
@@ -272,7 +278,13 @@ def test_a_failed_split_build_falls_back_to_the_whole_build(monkeypatch: pytest.
 
 # Real compiles: nvcc for the device file, g++ for the host file, as the split build's ninja file says. Only for
 # candidates that need no CUDA library headers beyond the runtime's (this machine's toolkit may lack cuBLAS).
-COMPILED = ["c01_relu_basic", "c11_polynomial_constant_array", "c21_row_sum_shared", "c33_reduced_dispatch_half_bf16"]
+COMPILED = [
+    "c01_relu_basic",
+    "c11_polynomial_constant_array",
+    "c21_row_sum_shared",
+    "c30_functor_template",
+    "c33_reduced_dispatch_half_bf16",
+]
 
 
 @pytest.fixture(scope="module")
