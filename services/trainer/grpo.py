@@ -150,12 +150,17 @@ def grpo_loss(
     return loss, stats
 
 
-def optimizer_steps(n_samples: int, config: TrainConfig, generator: torch.Generator) -> list[list[list[int]]]:
-    """Shuffled sample indices: steps of `gradient_accumulation_steps` mini-batches of `mini_batch_size`."""
+def mini_batches(n_samples: int, config: TrainConfig, generator: torch.Generator) -> list[list[int]]:
+    """Shuffled sample indices in mini-batches of `mini_batch_size`, drawn once per update."""
     order = torch.randperm(n_samples, generator=generator).tolist()
-    minis = [order[i : i + config.mini_batch_size] for i in range(0, n_samples, config.mini_batch_size)]
+    return [order[i : i + config.mini_batch_size] for i in range(0, n_samples, config.mini_batch_size)]
+
+
+def optimizer_steps(minis: list[list[int]], config: TrainConfig, generator: torch.Generator) -> list[list[list[int]]]:
+    """One epoch: the update's mini-batches in a new order, `gradient_accumulation_steps` per optimizer step."""
+    order = torch.randperm(len(minis), generator=generator).tolist()
     k = config.gradient_accumulation_steps
-    return [minis[i : i + k] for i in range(0, len(minis), k)]
+    return [[minis[j] for j in order[i : i + k]] for i in range(0, len(order), k)]
 
 
 def pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
@@ -175,25 +180,32 @@ def optimise(
     generator: torch.Generator,
 ) -> dict[str, float]:
     """One update's optimisation: old and reference log-probs of exactly the sampled ids, once, before the first
-    epoch (no_grad, same forward path as training); then ppo_epochs x optimizer steps x accumulated mini-batches."""
+    epoch (no_grad, same forward path as training); then ppo_epochs x optimizer steps x accumulated mini-batches.
+
+    The mini-batches are drawn once and the old log-probs are taken of those very batches; each epoch visits them in
+    a new order. Another split pads each sample differently, and in bf16 the rounding follows the padding (mean
+    |dlogp| 0.014, max 0.21 on SmolLM2), so the first ratio would not be 1."""
     device = policy.device
     pad = policy.tokenizer.pad_token_id
-    old_logps, ref_logps = [], []
+    minis = mini_batches(len(samples), config, generator)
+    old_logps: dict[int, torch.Tensor] = {}
+    ref_logps: dict[int, torch.Tensor] = {}
     with torch.no_grad():
-        for i in range(0, len(samples), config.mini_batch_size):
-            chunk = samples[i : i + config.mini_batch_size]
+        for mini in minis:
+            chunk = [samples[i] for i in mini]
             batch = make_batch([t.prompt_ids for t in chunk], [t.completion_ids for t in chunk], pad, device)
-            lengths = [len(t.completion_ids) for t in chunk]
-            old_logps += [row[:n] for row, n in zip(policy.logprobs(batch)[0], lengths, strict=True)]
+            for i, row in zip(mini, policy.logprobs(batch)[0], strict=True):
+                old_logps[i] = row[: len(samples[i].completion_ids)]
             if config.beta > 0:
-                ref_logps += [row[:n] for row, n in zip(policy.reference_logprobs(batch), lengths, strict=True)]
+                for i, row in zip(mini, policy.reference_logprobs(batch), strict=True):
+                    ref_logps[i] = row[: len(samples[i].completion_ids)]
 
     stats: dict[str, list[float]] = defaultdict(list)
     eps_high = config.epsilon_high if config.epsilon_high is not None else config.epsilon
     trainable = [p for p in policy.model.parameters() if p.requires_grad]
     last_report = time.monotonic()
     for epoch in range(config.ppo_epochs):
-        steps = _equalise_steps(optimizer_steps(len(samples), config, generator), accelerator)
+        steps = _equalise_steps(optimizer_steps(minis, config, generator), accelerator)
         for number, step in enumerate(steps, start=1):
             per_sample = (lambda t: len(t.completion_ids)) if config.loss_normalization == "token" else (lambda t: 1)
             normalizer = float(sum(per_sample(samples[i]) for mini in step for i in mini)) or 1.0

@@ -16,6 +16,7 @@ from services.trainer.grpo import (
     discounted_returns,
     group_advantages,
     grpo_loss,
+    mini_batches,
     optimizer_steps,
     rollout_metrics,
     select_problems,
@@ -171,11 +172,15 @@ def test_accumulated_mini_batches_equal_one_batch():
 
 def test_optimizer_steps_cover_every_sample_once():
     config = TrainConfig(mini_batch_size=3, gradient_accumulation_steps=2)
-    steps = optimizer_steps(10, config, torch.Generator().manual_seed(0))
+    generator = torch.Generator().manual_seed(0)
+    minis = mini_batches(10, config, generator)
+    steps = optimizer_steps(minis, config, generator)
     flat = [i for step in steps for mini in step for i in mini]
     assert sorted(flat) == list(range(10))
     assert [len(step) for step in steps] == [2, 2]
     assert all(len(mini) <= 3 for step in steps for mini in step)
+    again = optimizer_steps(minis, config, generator)  # the next epoch: the same mini-batches, another order
+    assert sorted(mini for step in again for mini in step) == sorted(minis) and again != steps
 
 
 class TwoProcesses:
@@ -192,7 +197,8 @@ class TwoProcesses:
 
 def test_processes_run_the_same_number_of_backward_passes_per_step():
     config = TrainConfig(mini_batch_size=2, gradient_accumulation_steps=4)
-    mine = optimizer_steps(14, config, torch.Generator().manual_seed(0))  # 7 mini-batches: steps of 4 and 3
+    generator = torch.Generator().manual_seed(0)
+    mine = optimizer_steps(mini_batches(14, config, generator), config, generator)  # 7 mini-batches: steps of 4, 3
     assert [len(step) for step in mine] == [4, 3]
     padded = _equalise_steps(mine, TwoProcesses(other=[3, 4]))  # the partner: 3 steps of up to 4 mini-batches
     assert [len(step) for step in padded] == [4, 4, 4]

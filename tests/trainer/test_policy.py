@@ -128,3 +128,34 @@ def test_the_models_own_generation_config_does_not_change_sampling():
     assert torch.allclose(sampled[valid], trained[valid], atol=1e-4)  # the whole distribution, not one token
     assert torch.allclose(picked[valid], trained[valid].gather(-1, batch.completion_ids[valid][:, None])[:, 0])
     assert base.generation_config.repetition_penalty == 1.1  # the model's own config is back after sampling
+
+
+def test_old_logprobs_come_from_the_batches_trained_on(monkeypatch):
+    """In bf16 a sample's log-probs depend on how its mini-batch is padded: the old log-probs must be taken of the
+    same mini-batches as the training forward, so that without a weight change every ratio is exactly 1."""
+    from services.trainer import grpo
+    from services.trainer.episodes import Turn
+
+    torch.manual_seed(0)
+    config = TrainConfig(
+        model="random:smollm2-tiny", max_prompt_tokens=512, dtype="bfloat16", mini_batch_size=4, beta=0.0
+    )
+    bf16 = load_policy(config, torch.device("cpu"))
+    g = torch.Generator().manual_seed(1)
+
+    def ids(low: int, high: int) -> list[int]:  # random tokens, of a random length: every batch pads differently
+        return torch.randint(5, 1000, (int(torch.randint(low, high, (1,), generator=g)),), generator=g).tolist()
+
+    samples = [Turn("p", 0, i, 0, ids(5, 200), ids(2, 30), "s", True, advantage=1.0) for i in range(8)]
+    deltas = []
+    loss = grpo.grpo_loss
+
+    def recording_loss(logps, old_logps, *args):
+        deltas.append(((logps - old_logps).abs() * args[2]).max().item())  # args[2]: the completion mask
+        return loss(logps, old_logps, *args)
+
+    monkeypatch.setattr(grpo, "grpo_loss", recording_loss)
+    optimizer = torch.optim.SGD([p for p in bf16.model.parameters() if p.requires_grad], lr=0.0)  # weights stay
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    grpo.optimise(bf16, samples, config, optimizer, scheduler, None, torch.Generator().manual_seed(3))
+    assert len(deltas) == 4 and max(deltas) == 0.0  # 2 epochs x 2 mini-batches
