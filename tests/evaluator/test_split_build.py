@@ -321,3 +321,31 @@ def test_split_sources_compile(
     )
     split_build.run_ninja(tmp_path, targets)
     assert all((tmp_path / t).stat().st_size > 0 for t in targets)
+
+
+@pytest.mark.slow
+def test_stub_forwards_the_extensions_init_to_the_shared_binding(tmp_path: Path) -> None:
+    """The cached binding's module init has a fixed name; each library's own PyInit_<name> forwards to it, and
+    Python names the module after the library (pybind11 from torch's headers, no torch code)."""
+    import subprocess
+    import sysconfig
+
+    pytest.importorskip("torch")
+    from torch.utils import cpp_extension
+
+    compiler = shutil.which("c++")
+    if compiler is None:
+        pytest.skip("no C++ compiler")
+    includes = [f"-I{p}" for p in [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]]
+    (tmp_path / "binding.cpp").write_text(
+        "#include <pybind11/pybind11.h>\nint twice(int x) { return 2 * x; }\n"
+        f'PYBIND11_MODULE({split_build.BINDING_INIT}, m) {{ m.def("twice", &twice); }}\n'
+    )
+    (tmp_path / "stub.cpp").write_text(split_build.STUB_SOURCE)
+    flags = [compiler, "-O0", "-fPIC", "-std=c++17", *includes, "-c"]
+    subprocess.run([*flags, "binding.cpp", "-o", "binding.o"], cwd=tmp_path, check=True)
+    subprocess.run([*flags, "-DTORCH_EXTENSION_NAME=ext_probe", "stub.cpp", "-o", "stub.o"], cwd=tmp_path, check=True)
+    subprocess.run([compiler, "-shared", "stub.o", "binding.o", "-o", "ext_probe.so"], cwd=tmp_path, check=True)
+    module = build_cache._load_library(tmp_path / "ext_probe.so", "ext_probe", True)
+    assert module.__name__ == "ext_probe"
+    assert module.twice(21) == 42
