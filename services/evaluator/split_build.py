@@ -230,27 +230,41 @@ BINDING_NAME = re.compile(r"^split_binding_([0-9a-f]{64})\.o$")
 
 
 @functools.cache
-def binding_salt(base_cflags: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
-    """The part of a binding's cache key that is not its source (compiler, flags, torch and CUDA versions), and
-    its compile flags without the PCH (the evaluator's own flags only: candidates' flags never reach it)."""
+def binding_salt(base_cflags: tuple[str, ...]) -> str:
+    """The part of a binding's cache key that is not its source: compiler, Python, torch and CUDA versions and
+    the evaluator's flags, from which torch derives the compile flags. Computed alike by the service (which must
+    not open a CUDA context, so it never asks torch for the flags themselves) and the builder."""
+    import platform
+    import sys
+
     import torch
 
+    from services.evaluator import pch
+
+    identity = pch._compiler_identity(pch._compiler())
+    versions = [platform.machine(), sys.version, torch.__version__, str(torch.version.cuda)]
+    return "\0".join([identity, *versions, *base_cflags])
+
+
+@functools.cache
+def _binding_flags(base_cflags: tuple[str, ...]) -> tuple[str, ...]:
     from services.evaluator import pch
 
     cflags = pch._ninja_cflags(list(base_cflags), with_cuda=True)
     if cflags is None:
         raise NotSplittable("torch's build flags cannot be read")
-    identity = pch._compiler_identity(pch._compiler())
-    return "\0".join([identity, torch.__version__, str(torch.version.cuda), *cflags]), tuple(cflags)
+    return tuple(cflags)
 
 
 def binding_cflags(cache_dir: Path, base_cflags: list[str]) -> tuple[list[str], str]:
-    """The binding's compile flags, with the torch/extension.h PCH where there is one, and its key's salt."""
+    """The binding's compile flags (the evaluator's own flags only: candidates' flags never reach it), with the
+    torch/extension.h PCH where there is one, and its key's salt."""
     from services.evaluator import pch
 
-    salt, cflags = binding_salt(tuple(base_cflags))
+    cflags = _binding_flags(tuple(base_cflags))
     header = pch.find_pch(cache_dir, base_cflags)
-    return [*cflags, f"-DTORCH_EXTENSION_NAME={BINDING_INIT}", *pch.pch_cflags(header)], salt
+    flags = [*cflags, f"-DTORCH_EXTENSION_NAME={BINDING_INIT}", *pch.pch_cflags(header)]
+    return flags, binding_salt(tuple(base_cflags))
 
 
 def binding_key(binding_source: str, salt: str) -> str:
@@ -383,7 +397,7 @@ def expected_binding(arguments: dict[str, Any], base_cflags: list[str]) -> str |
     take the whole build (or the splitter cannot run here)."""
     try:
         plan = make_plan(arguments)
-        return binding_key(plan.binding_source, binding_salt(tuple(base_cflags))[0])
+        return binding_key(plan.binding_source, binding_salt(tuple(base_cflags)))
     except NotSplittable as reason:
         log.info("whole build: %s", reason)
     except Exception:  # the splitter failing costs the split, never the build

@@ -220,14 +220,19 @@ def test_service_asks_for_a_split_only_when_enabled_and_publishes_only_the_expec
     case = next(c for c in cuda_corpus.cases() if c.name == "c01_relu_basic")
     (call,) = cuda_corpus.load_inline_calls(case.source)
     event = {"kind": "load_inline", "arguments": call}
-    monkeypatch.setattr(split_build, "binding_salt", lambda flags: ("salt", ()))
+
+    def no_flags_in_the_service(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("torch's build flags need the GPU's arch; the service must not open a CUDA context")
+
+    monkeypatch.setattr(build_cache.pch, "_ninja_cflags", no_flags_in_the_service)
     monkeypatch.delenv("EVALUATOR_SPLIT_BUILD", raising=False)
     _, off = build_cache.parse_request(event, "cuda")
     assert build_cache.SPLIT_ARGUMENT not in off
     monkeypatch.setenv("EVALUATOR_SPLIT_BUILD", "1")
     _, on = build_cache.parse_request(event, "cuda")
     expected = on[build_cache.SPLIT_ARGUMENT]
-    assert expected == split_build.binding_key(split_build.make_plan(on).binding_source, "salt")
+    salt = split_build.binding_salt(tuple(build_cache.build_flags("cuda")["extra_cflags"]))
+    assert expected == split_build.binding_key(split_build.make_plan(on).binding_source, salt)
     _, cpu = build_cache.parse_request(event, "cpu")
     assert build_cache.SPLIT_ARGUMENT not in cpu
     refused = {**call, "cuda_sources": call["cuda_sources"].replace("#include <cuda_runtime.h>", "namespace a {}")}
