@@ -56,9 +56,12 @@ def text(node: Any) -> str:
 
 
 def walk(node: Any) -> Iterator[Any]:
-    yield node
-    for child in node.children:
-        yield from walk(child)
+    """The node and its descendants in source order, without recursion (a candidate may nest 100,000 deep)."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(reversed(current.children))
 
 
 def names(node: Any) -> set[str]:

@@ -354,3 +354,13 @@ def test_stub_forwards_the_extensions_init_to_the_shared_binding(tmp_path: Path)
     module = build_cache._load_library(tmp_path / "ext_probe.so", "ext_probe", True)
     assert module.__name__ == "ext_probe"
     assert module.twice(21) == 42
+
+
+def test_deeply_nested_sources_are_no_danger_to_the_service() -> None:
+    deep = "(" * 20_000 + "1" + ")" * 20_000
+    cuda = f"__global__ void k(float* y) {{ y[0] = {deep}; }}\nvoid f(torch::Tensor y) {{ k<<<1, 1>>>(y.data_ptr<float>()); }}\n"
+    plan, why = split_build.try_plan(
+        {"cpp_sources": "void f(torch::Tensor y);", "cuda_sources": cuda, "functions": ["f"]}
+    )
+    assert plan is not None or why
+    assert split_build.expected_binding({"cpp_sources": "", "cuda_sources": cuda, "functions": ["f"]}, ["-O3"]) is None
