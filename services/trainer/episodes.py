@@ -7,12 +7,13 @@ import ast
 import asyncio
 import hashlib
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from services.trainer.config import ConfigError
+from services.trainer.config import ConfigError, TrainConfig
 from services.trainer.prompts import REFERENCE_VERDICT, build_prompt, describe_verdict
 from services.trainer.replicas import ReplicaPool
 from services.trainer.reward import RewardValues, reward
@@ -273,6 +274,39 @@ class Services:
     async def aclose(self) -> None:
         await self.implementers.aclose()
         await self.evaluators.aclose()
+
+
+def make_services(config: TrainConfig, techniques: str = "") -> Services:
+    """The replicas of both services, the reward values and the request settings of `config`."""
+    token = os.environ.get(config.api_token_env) or None
+    retries = config.request_retries
+    implementers = ReplicaPool(
+        config.implementer_urls,
+        lambda url: AsyncImplementerClient(url, token=token, timeout_s=config.implementer_timeout_s, retries=retries),
+        config.replica_cooldown_s,
+    )
+    evaluators = ReplicaPool(
+        config.evaluator_urls,
+        lambda url: AsyncEvaluatorClient(url, token=token, timeout_s=config.evaluator_timeout_s, retries=retries),
+        config.replica_cooldown_s,
+    )
+    rewards = RewardValues(
+        config.reward_not_compiled, config.reward_incorrect, config.reward_correct_bonus, config.speedup_cap
+    )
+    settings = ServiceSettings(
+        config.target,
+        config.evaluator_device,
+        config.timing_trials,
+        config.correctness_trials,
+        config.warmup_trials,
+        config.require_custom_kernel,
+        config.evaluation_timeout_s,
+        config.skip_upstream_errors,
+        rewards,
+        config.reuse_evaluations,
+        techniques,
+    )
+    return Services(implementers, evaluators, settings)
 
 
 async def _implement_turns(

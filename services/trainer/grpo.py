@@ -8,12 +8,10 @@ import json
 import logging
 import os
 import random
-import signal
 import statistics
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,19 +22,16 @@ from services.trainer.checkpoint import latest_checkpoint, load_checkpoint, save
 from services.trainer.config import ConfigError, TrainConfig
 from services.trainer.episodes import (
     Interrupted,
-    Services,
-    ServiceSettings,
     Turn,
     check_services,
+    make_services,
     published_vocabulary,
     run_episodes,
 )
-from services.trainer.logging_utils import RunLogger, make_progress, plot_reward_curve, truncate_jsonl
+from services.trainer.logging_utils import RunLogger, make_progress, plot_reward_curve
 from services.trainer.policy import Policy, load_policy, make_batch
+from services.trainer.processes import StopFlag, equalise_steps, gather_turns, truncate_logs
 from services.trainer.prompts import technique_menu
-from services.trainer.replicas import ReplicaPool
-from services.trainer.reward import RewardValues
-from shared.clients import AsyncEvaluatorClient, AsyncImplementerClient
 from shared.contracts import TrainerStatus
 
 log = logging.getLogger(__name__)
@@ -205,12 +200,12 @@ def optimise(
     trainable = [p for p in policy.model.parameters() if p.requires_grad]
     last_report = time.monotonic()
     for epoch in range(config.ppo_epochs):
-        steps = _equalise_steps(optimizer_steps(minis, config, generator), accelerator)
+        steps = equalise_steps(optimizer_steps(minis, config, generator), accelerator)
         for number, step in enumerate(steps, start=1):
             per_sample = (lambda t: len(t.completion_ids)) if config.loss_normalization == "token" else (lambda t: 1)
             normalizer = float(sum(per_sample(samples[i]) for mini in step for i in mini)) or 1.0
             for mini in step:
-                if not mini:  # padding (_equalise_steps): DDP all-reduces in every backward, so every process runs one
+                if not mini:  # padding (equalise_steps): DDP all-reduces in every backward, so every process runs one
                     filler = make_batch([[pad]], [[pad]], pad, device)
                     accelerator.backward(policy.logprobs(filler)[0].sum() * 0.0)
                     continue
@@ -321,73 +316,6 @@ def has_signal(update: int, metrics: dict[str, float], warn: bool) -> bool:
             100 * metrics["rate/kernel_changed"],
         )
     return False
-
-
-def make_services(config: TrainConfig, techniques: str = "") -> Services:
-    token = os.environ.get(config.api_token_env) or None
-    retries = config.request_retries
-    implementers = ReplicaPool(
-        config.implementer_urls,
-        lambda url: AsyncImplementerClient(url, token=token, timeout_s=config.implementer_timeout_s, retries=retries),
-        config.replica_cooldown_s,
-    )
-    evaluators = ReplicaPool(
-        config.evaluator_urls,
-        lambda url: AsyncEvaluatorClient(url, token=token, timeout_s=config.evaluator_timeout_s, retries=retries),
-        config.replica_cooldown_s,
-    )
-    rewards = RewardValues(
-        config.reward_not_compiled, config.reward_incorrect, config.reward_correct_bonus, config.speedup_cap
-    )
-    settings = ServiceSettings(
-        config.target,
-        config.evaluator_device,
-        config.timing_trials,
-        config.correctness_trials,
-        config.warmup_trials,
-        config.require_custom_kernel,
-        config.evaluation_timeout_s,
-        config.skip_upstream_errors,
-        rewards,
-        config.reuse_evaluations,
-        techniques,
-    )
-    return Services(implementers, evaluators, settings)
-
-
-class StopFlag:
-    """First SIGINT/SIGTERM: finish cleanly at the next safe point; a second SIGINT interrupts at once."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        signal.signal(signal.SIGINT, self._handle)
-        signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        log.warning("signal %d: stopping after the current step (again to abort)", signum)
-        self.requested = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    def __call__(self) -> bool:
-        return self.requested
-
-    def agreed(self, accelerator: Any) -> bool:
-        """Whether any process was asked to stop. A collective, called at the same points by every process: signals
-        reach processes at different moments, and a process that left the loop alone would leave the others waiting
-        in their next collective (or enter a different one)."""
-        if accelerator.num_processes > 1:
-            flag = torch.tensor([float(self.requested)], device=accelerator.device)
-            self.requested = bool(accelerator.reduce(flag, reduction="max").item())
-        return self.requested
-
-
-def truncate_logs(run_dir: Path, update: int, accelerator: Any) -> None:
-    """On resume, drop the log lines of updates after the checkpoint (a killed run may have logged them; they are
-    redone). Only the main process rewrites the files, as only it appends to them; the others wait until it is done."""
-    if accelerator.is_main_process:
-        for name in ("metrics.jsonl", "episodes.jsonl"):
-            truncate_jsonl(run_dir / name, update)
-    accelerator.wait_for_everyone()
 
 
 # ---------------------------------------------------------------- the loop
@@ -613,26 +541,3 @@ def _left_out(metrics: dict[str, float]) -> str:
         f"{metrics.get('rate/upstream_error', 0.0):.0%} of the last update's turns; fix: check the evaluator and "
         "implementer logs (a GPU evaluator without a GPU, an LLM server that is down or rate-limited)"
     )
-
-
-def _equalise_steps(steps: list[list[list[int]]], accelerator: Any) -> list[list[list[int]]]:
-    """Under several processes every one must run as many optimizer steps and as many backward passes in each step
-    (DDP all-reduces in every backward): pad every step to the most mini-batches any process has in a step, and the
-    steps to the most steps, with empty mini-batches, which run with zero weight."""
-    if accelerator is None or accelerator.num_processes == 1:
-        return steps
-    mine = torch.tensor([len(steps), max((len(step) for step in steps), default=0)], device=accelerator.device)
-    most_steps, most_minis = (int(v) for v in accelerator.gather(mine.unsqueeze(0)).max(dim=0).values)
-    padded = [step + [[] for _ in range(most_minis - len(step))] for step in steps]
-    return padded + [[[] for _ in range(most_minis)] for _ in range(most_steps - len(steps))]
-
-
-def gather_turns(turns: list[Turn], accelerator: Any, groups_per_process: int) -> tuple[list[Turn], list[Turn]]:
-    """Every process's turns and the samples among them (for metrics and episodes.jsonl), with group numbers made
-    unique across processes; the optimisation keeps using this process's own samples."""
-    if accelerator.num_processes > 1:
-        from accelerate.utils import gather_object
-
-        offset = accelerator.process_index * groups_per_process
-        turns = gather_object([replace(t, group=t.group + offset) for t in turns])
-    return turns, [t for t in turns if t.reward is not None]  # as assign_returns_and_advantages

@@ -11,7 +11,6 @@ from services.trainer.config import TrainConfig
 from services.trainer.episodes import Turn
 from services.trainer.grpo import (
     STD_EPS,
-    _equalise_steps,
     assign_returns_and_advantages,
     discounted_returns,
     group_advantages,
@@ -21,6 +20,7 @@ from services.trainer.grpo import (
     rollout_metrics,
     select_problems,
 )
+from services.trainer.processes import equalise_steps
 
 
 def test_discounted_returns_by_hand():
@@ -200,11 +200,11 @@ def test_processes_run_the_same_number_of_backward_passes_per_step():
     generator = torch.Generator().manual_seed(0)
     mine = optimizer_steps(mini_batches(14, config, generator), config, generator)  # 7 mini-batches: steps of 4, 3
     assert [len(step) for step in mine] == [4, 3]
-    padded = _equalise_steps(mine, TwoProcesses(other=[3, 4]))  # the partner: 3 steps of up to 4 mini-batches
+    padded = equalise_steps(mine, TwoProcesses(other=[3, 4]))  # the partner: 3 steps of up to 4 mini-batches
     assert [len(step) for step in padded] == [4, 4, 4]
     assert sorted(i for step in padded for mini in step for i in mini) == list(range(14))  # nothing lost or added
     assert sum(not mini for step in padded for mini in step) == 12 - 7
-    assert _equalise_steps(mine, None) == mine
+    assert equalise_steps(mine, None) == mine
 
 
 def test_problem_selection_is_a_function_of_seed_and_update():

@@ -9,7 +9,7 @@ import signal
 import pytest
 import torch
 
-from services.trainer.grpo import StopFlag, truncate_logs
+from services.trainer.processes import StopFlag, truncate_logs
 
 
 class Partner:
