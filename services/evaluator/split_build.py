@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 BINDING_INIT = "ka_split_binding"
 BINDING_DIR = "split-bindings"
-BINDING_TIMEOUT_S = 600
+BUILD_TIMEOUT_S = 600
 # Flags that act on device code only, or equally on every part of a split build; any other flag takes the whole
 # build (a -D, -std or -I would reach the host code differently, and some flags run programs in the builder).
 SAFE_CUDA_FLAG = re.compile(
@@ -226,7 +226,6 @@ extern "C" __attribute__((visibility("default"))) void* KA_CAT(PyInit_, TORCH_EX
   return PyInit_{BINDING_INIT}();
 }}
 """
-BINDING_NAME = re.compile(r"^split_binding_([0-9a-f]{64})\.o$")
 
 
 @functools.cache
@@ -361,7 +360,7 @@ def _ninja_path(path: str) -> str:
     return path.replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
 
 
-def run_ninja(build_dir: Path, targets: list[str], timeout_s: float = BINDING_TIMEOUT_S) -> None:
+def run_ninja(build_dir: Path, targets: list[str], timeout_s: float = BUILD_TIMEOUT_S) -> None:
     command = ["ninja", "-v"]
     jobs = os.environ.get("MAX_JOBS")
     if jobs and jobs.isdigit():
