@@ -31,7 +31,7 @@ from services.trainer.episodes import (
 from services.trainer.logging_utils import RunLogger, make_progress, plot_reward_curve
 from services.trainer.policy import Policy, load_policy, make_batch
 from services.trainer.processes import StopFlag, equalise_steps, gather_turns, truncate_logs
-from services.trainer.prompts import technique_menu
+from services.trainer.prompts import fixed_prompt_tokens, technique_menu
 from shared.contracts import TrainerStatus
 
 log = logging.getLogger(__name__)
@@ -355,6 +355,13 @@ def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read 
     if resume and checkpoint is None:
         log.warning("--resume: no checkpoint in %s; starting at update 0", run_dir)
     policy = load_policy(config, accelerator.device, resume_weights=checkpoint / "model" if checkpoint else None)
+    fixed = fixed_prompt_tokens(policy.tokenizer, config.target, menu, config.max_new_tokens)
+    if fixed + 64 > config.max_prompt_tokens:  # else the first turn fails after minutes of loading and generating
+        raise ConfigError(
+            f"max_prompt_tokens {config.max_prompt_tokens} leaves no room for the kernels: the instruction"
+            f"{', the technique menu' if menu else ''}, a verdict and a previous suggestion take up to {fixed} "
+            f"tokens; fix: raise max_prompt_tokens to at least {fixed + 512}"
+        )
     trainable = [p for p in policy.model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(

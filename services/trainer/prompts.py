@@ -140,3 +140,11 @@ def build_prompt(
         if len(ids) <= max_tokens:
             return ids
     raise ValueError(f"could not fit the prompt into {max_tokens} tokens")
+
+
+def fixed_prompt_tokens(tokenizer: Any, target: str, techniques: str, suggestion_tokens: int) -> int:
+    """Tokens of the parts of a prompt that are never cut, at their longest: the template, the instruction, the menu,
+    a verdict with a full message head and a previous suggestion of `suggestion_tokens` tokens (kernels empty)."""
+    suggestion = tokenizer.decode([tokenizer.encode(" x", add_special_tokens=False)[0]] * suggestion_tokens)
+    verdict = describe_verdict("compile_error", None, "kernel.cu(12): error: 'y' is undefined; " * 20)
+    return len(_render(tokenizer, _user_text("", suggestion, "", target, verdict, techniques)))

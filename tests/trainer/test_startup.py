@@ -87,3 +87,26 @@ def test_a_run_that_learned_from_nothing_fails_without_final(tmp_path, monkeypat
     run = tmp_path / "run"
     assert not (run / "final").exists()
     assert (run / "metrics.jsonl").exists()  # what happened stays readable
+
+
+def test_a_prompt_budget_without_room_for_the_kernels_fails_before_the_rollout(tmp_path, monkeypatch):
+    from services.implementer.backends.builtin import BuiltinBackend
+    from services.trainer import grpo
+    from services.trainer.config import ConfigError, TrainConfig
+    from shared.contracts import HealthResponse
+
+    monkeypatch.setattr(signal, "signal", lambda *args: None)
+    health = HealthResponse(service="implementer", version="test", details=BuiltinBackend().describe())
+    monkeypatch.setattr(grpo, "check_services", lambda *args: {"http://implementer": health})
+    monkeypatch.setattr(grpo, "run_episodes", None)  # never reached
+    config = TrainConfig(
+        model="random:smollm2-tiny",
+        prompt_techniques=True,  # the menu alone is about 590 tokens
+        max_new_tokens=16,
+        max_prompt_tokens=700,
+        output_dir=str(tmp_path / "run"),
+        evaluator_urls=["http://evaluator"],
+        implementer_urls=["http://implementer"],
+    )
+    with pytest.raises(ConfigError, match="max_prompt_tokens 700 leaves no room for the kernels.*technique menu"):
+        grpo.train(config)
