@@ -86,7 +86,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         strict_works = await asyncio.to_thread(strict_isolation_works, settings.sandbox_uid_base)
         if settings.isolation == "strict" and not strict_works:
-            raise RuntimeError("EVALUATOR_ISOLATION=strict needs root and network namespaces; use `process`")
+            raise RuntimeError(
+                "EVALUATOR_ISOLATION=strict does not work here (the log above says why): it needs root with the "
+                "capabilities SYS_ADMIN, SETUID, SETGID, CHOWN, DAC_OVERRIDE, FOWNER, KILL and SYS_NICE and "
+                "permission to mount (docs/docker.md); grant them or set EVALUATOR_ISOLATION=process"
+            )
         strict = settings.isolation != "process" and strict_works
         pool = WorkerPool(settings, strict=strict)
         app.state.evaluator = Evaluator(settings, pool, metrics)

@@ -356,8 +356,8 @@ def strict_isolation_works(uid: int) -> bool:
     code = "from services.evaluator.sandbox import probe_main; probe_main()"
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     with tempfile.TemporaryDirectory(prefix="kernel-agent-probe-") as home:
-        os.chown(home, uid, uid)
         try:
+            os.chown(home, uid, uid)  # root without CAP_CHOWN (a container with its capabilities dropped) fails here
             done = subprocess.run(
                 [sys.executable, "-P", "-c", code, "probe", home, str(uid)],
                 env=env,
@@ -366,7 +366,8 @@ def strict_isolation_works(uid: int) -> bool:
                 timeout=60,
                 check=False,
             )
-        except (OSError, subprocess.TimeoutExpired):
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("strict isolation does not work here: %s", exc)
             return False
     if done.returncode != 0:
         log.warning("strict isolation does not work here: %s", done.stderr.decode(errors="replace")[-1000:])

@@ -24,6 +24,7 @@ import pytest
 from services.trainer.config import ConfigError
 from services.trainer.policy import SMOLLM2_GGUF, smollm2_gguf_dir
 from tests.e2e.docker_engine import Engine, build_command, compose_command, docker_engine, missing_tools
+from tests.evaluator.sources import CORRECT, REFERENCE, candidate
 
 # The first run builds the base and service images (tens of minutes on 2 cores); later runs reuse them.
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(7200)]
@@ -39,6 +40,8 @@ TINY_ARGS = (
     "--timing_trials 3 --warmup_trials 1 --correctness_trials 1 --ppo_epochs 1 --mini_batch_size 2 "
     "--gradient_accumulation_steps 1"
 )
+# What the evaluator container gets back after `cap_drop: [ALL]` for strict isolation (docs/docker.md says why).
+EVALUATOR_CAPS = {"SYS_ADMIN", "SETUID", "SETGID", "CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SYS_NICE"}
 # A fixed port when free: the wheel URL is part of a build argument, and so of the build cache key.
 WHEEL_PORT = 38765
 TIMINGS: dict[str, float] = {}
@@ -317,9 +320,12 @@ def test_evaluator_container_is_a_sandbox(stack: Stack) -> None:
     host = info["HostConfig"]
     assert host["ReadonlyRootfs"] is True
     assert host["CapDrop"] == ["ALL"]
+    # Root inside the container for strict isolation, with only the capabilities it needs (docs/docker.md).
+    assert {cap.removeprefix("CAP_") for cap in host["CapAdd"] or ()} == EVALUATOR_CAPS, host["CapAdd"]
     assert any("no-new-privileges" in opt for opt in host["SecurityOpt"])
     assert host["PidsLimit"] and host["PidsLimit"] > 0 and host["Memory"] > 0
-    assert info["Config"]["User"].startswith("10001")
+    assert info["Config"]["User"] == "0:0"
+    assert "EVALUATOR_ISOLATION=strict" in info["Config"]["Env"]
     networks = set(info["NetworkSettings"]["Networks"])
     assert networks == {f"{stack.project}_sandbox"}
     assert stack.inspect(f"{stack.project}_sandbox")["Internal"] is True
@@ -341,6 +347,259 @@ def test_evaluator_container_is_a_sandbox(stack: Stack) -> None:
         text in results["connect_implementer"]["message"]
         for text in ("Name or service not known", "Temporary failure in name resolution", "unreachable")
     ), results["connect_implementer"]["message"]
+
+
+# Hostile candidates sent to the composed evaluator through its own API (from inside its container: the sandbox
+# network is internal, so the test reaches the service with `compose exec`). Under `process` isolation, the
+# fallback of a non-root evaluator without capabilities, every one of them gets through.
+EVALUATE_IN_CONTAINER = r"""
+import json, os, sys, urllib.error, urllib.request
+cases = json.loads(sys.argv[1])
+headers = {"Content-Type": "application/json", "Authorization": "Bearer " + os.environ["EVALUATOR_TOKEN"]}
+results = {}
+for name, case in cases.items():
+    body = json.dumps({"timing_trials": 0, "correctness_trials": 1, "device": "cpu", "timeout_s": 120, **case})
+    request = urllib.request.Request("http://127.0.0.1:8001/evaluate", data=body.encode(), headers=headers)
+    try:
+        results[name] = json.load(urllib.request.urlopen(request, timeout=300))
+    except (OSError, ValueError) as exc:
+        results[name] = {"status": "request_failed", "message": repr(exc)}
+print("RESULT" + json.dumps(results))
+"""
+HEALTH_IN_CONTAINER = r"""
+import json, urllib.request
+try:
+    with urllib.request.urlopen("http://127.0.0.1:8001/health", timeout=10) as response:
+        print("RESULT" + json.dumps({"code": response.status, **json.load(response)}))
+except OSError as exc:
+    print("RESULT" + json.dumps({"code": None, "error": repr(exc)}))
+"""
+# Processes of the evaluator container whose command line holds the marker (argv[1]); this one excluded.
+FIND_PROCESSES_IN_CONTAINER = r"""
+import json, os, sys
+found = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        cmdline = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace").replace("\0", " ")
+    except OSError:
+        continue
+    if sys.argv[1] in cmdline and int(pid) != os.getpid():
+        found.append(f"{pid}: {cmdline}")
+print("RESULT" + json.dumps(found))
+"""
+# Files named argv[2] under argv[1], in the evaluator container.
+FIND_FILES_IN_CONTAINER = r"""
+import json, os, sys
+print("RESULT" + json.dumps([os.path.join(d, sys.argv[2]) for d, _, files in os.walk(sys.argv[1]) if sys.argv[2] in files]))
+"""
+
+STEAL_TOKEN = candidate(
+    """
+found = set()
+deadline = time.monotonic() + 2
+while time.monotonic() < deadline:
+    for path in ["/proc/1/environ", "/proc/self/environ", *glob.glob("/proc/[0-9]*/environ")]:
+        try:
+            text = open(path, "rb").read().decode(errors="replace")
+        except OSError:
+            continue
+        found.update(item for item in text.split("\\0") if "TOKEN" in item.upper() or "KEY" in item.upper())
+    time.sleep(0.01)
+try:
+    socket.create_connection(("127.0.0.1", 8001), timeout=3).close()
+    service = "SERVICE_OPEN"
+except OSError as exc:
+    service = f"SERVICE_CLOSED {exc}"
+raise RuntimeError(f"STOLEN {sorted(found)!r} {service}")
+""",
+    prelude="import glob, socket, time",
+)
+KILL_SERVICE = candidate(
+    """
+for pid in (os.getppid(), 1):
+    for signum in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT):
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass
+time.sleep(1)
+return x.clamp_min(0) * self.scale
+""",
+    prelude="import os, signal, time",
+)
+CACHE_MARKER = "written-by-candidate"
+WRITE_CACHE = candidate(
+    f"""
+written, refused = [], []
+for directory, _, files in os.walk("/cache"):
+    for path, mode in [(os.path.join(directory, "{CACHE_MARKER}"), "w")] + [
+        (os.path.join(directory, name), "ab") for name in files
+    ]:
+        try:
+            open(path, mode).close()
+            written.append(path)
+        except OSError as exc:
+            refused.append(f"{{path}}: {{exc}}")
+if not written:
+    raise RuntimeError(f"NOTHING WRITTEN {{refused[:4]}}")
+return x.clamp_min(0) * self.scale
+""",
+    prelude="import os",
+)
+
+
+def start_daemon(marker: str) -> str:
+    """A candidate that leaves two daemons (setsid; setsid + double fork) and is correct only if they run."""
+    return candidate(
+        """
+if not daemons_alive():
+    raise RuntimeError("the daemons did not start")
+return x.clamp_min(0) * self.scale
+""",
+        prelude=f"""
+import os, subprocess, sys, time
+MARKER = {marker!r}
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)", MARKER], start_new_session=True,
+                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+DOUBLE_FORK = "import os, time\\nif os.fork(): os._exit(0)\\nos.setsid()\\nif os.fork(): os._exit(0)\\ntime.sleep(900)"
+subprocess.run([sys.executable, "-c", DOUBLE_FORK, MARKER], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+               stderr=subprocess.DEVNULL, timeout=60)
+
+def daemons_alive():
+    for _ in range(100):
+        count = 0
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                count += MARKER in open(f"/proc/{{pid}}/cmdline", "rb").read().decode(errors="replace")
+            except OSError:
+                pass
+        if count >= 2:
+            return True
+        time.sleep(0.1)
+    return False
+""",
+    )
+
+
+def run_in_evaluator(stack: Stack, script: str, *args: str, timeout: float = 900) -> object:
+    """Run `script` with python3 inside the evaluator container; what it printed after RESULT, as JSON."""
+    out = stack.compose("exec", "-T", "evaluator", "python3", "-c", script, *args, timeout=timeout).stdout
+    return json.loads(out[out.index("RESULT") + len("RESULT") :])
+
+
+def evaluate_in_evaluator(stack: Stack, **candidates: str) -> dict[str, dict]:
+    cases = {name: {"reference_source": REFERENCE, "candidate_source": source} for name, source in candidates.items()}
+    results = run_in_evaluator(stack, EVALUATE_IN_CONTAINER, json.dumps(cases))
+    assert isinstance(results, dict)
+    return results
+
+
+def health_in_evaluator(stack: Stack) -> dict:
+    health = run_in_evaluator(stack, HEALTH_IN_CONTAINER, timeout=120)
+    assert isinstance(health, dict)
+    return health
+
+
+@pytest.fixture
+def evaluator(stack: Stack) -> str:
+    """The composed evaluator, started (again) if needed and healthy; its container id."""
+    stack.compose("up", "--no-build", "-d", "evaluator")
+    container = stack.container("evaluator")
+    wait_healthy(stack, container)
+    return container
+
+
+def assert_still_serving(stack: Stack, container: str, started_at: str) -> None:
+    """The same service process answers /health and scores an honest candidate correct."""
+    health = health_in_evaluator(stack)
+    assert health["code"] == 200, health
+    state = stack.inspect(container)["State"]
+    assert state["Running"] and state["StartedAt"] == started_at and state["Pid"] > 0, state
+    result = evaluate_in_evaluator(stack, correct=CORRECT)["correct"]
+    assert result["status"] == "correct", result
+
+
+def test_evaluator_runs_strict_isolation(stack: Stack, evaluator: str) -> None:
+    health = health_in_evaluator(stack)
+    assert health["code"] == 200 and health["details"]["isolation"] == "strict", health
+
+
+def test_candidate_cannot_read_the_token(stack: Stack, evaluator: str) -> None:
+    """Not from /proc/*/environ (the service, `docker exec` processes such as this test's own request), not in
+    its own environment; nor can it reach the service to use one."""
+    with timed("hostile: read the token"):
+        result = evaluate_in_evaluator(stack, steal=STEAL_TOKEN)["steal"]
+    assert "STOLEN" in result["message"], result  # the candidate ran and reported what it found
+    assert stack.token not in json.dumps(result), result["message"]
+    assert "SERVICE_CLOSED" in result["message"], result["message"]
+
+
+def test_candidate_cannot_write_the_build_cache(stack: Stack, evaluator: str) -> None:
+    with timed("hostile: write the build cache"):
+        result = evaluate_in_evaluator(stack, write_cache=WRITE_CACHE)["write_cache"]
+    assert result["status"] != "correct", result
+    assert "NOTHING WRITTEN" in result["message"], result["message"]
+    assert run_in_evaluator(stack, FIND_FILES_IN_CONTAINER, "/cache", CACHE_MARKER) == []
+
+
+def test_candidate_daemon_does_not_outlive_its_evaluation(stack: Stack, evaluator: str) -> None:
+    marker = f"ka-e2e-daemon-{secrets.token_hex(4)}"
+    with timed("hostile: leave a daemon"):
+        result = evaluate_in_evaluator(stack, daemon=start_daemon(marker))["daemon"]
+    assert result["status"] == "correct", result  # the daemons ran while the candidate did
+    deadline = time.monotonic() + 20
+    while left := run_in_evaluator(stack, FIND_PROCESSES_IN_CONTAINER, marker, timeout=120):
+        assert time.monotonic() < deadline, f"daemons outlived the evaluation: {left}"
+        time.sleep(2)
+
+
+def test_candidate_cannot_kill_the_service(stack: Stack, evaluator: str) -> None:
+    """SIGKILL, SIGTERM and SIGINT to its parent and to pid 1; the service stays up (last: today's `process`
+    isolation lets SIGTERM through, and the evaluator is down after it)."""
+    started_at = stack.inspect(evaluator)["State"]["StartedAt"]
+    with timed("hostile: kill the service"):
+        result = evaluate_in_evaluator(stack, kill=KILL_SERVICE)["kill"]
+    assert result["status"] != "request_failed", result
+    assert_still_serving(stack, evaluator, started_at)
+
+
+def test_strict_isolation_fails_loudly_without_its_capabilities(stack: Stack) -> None:
+    """EVALUATOR_ISOLATION=strict on a host that grants no capabilities: the service refuses to start (no silent
+    fall back to `process`)."""
+    name = f"{stack.project}-nocaps"
+    with timed("strict without capabilities"):
+        result = sh(
+            [
+                "docker",
+                "run",
+                "--name",
+                name,
+                "--network",
+                "none",
+                "--user",
+                "0:0",
+                "--cap-drop",
+                "ALL",
+                "--security-opt",
+                "no-new-privileges:true",
+                "--read-only",
+                "--tmpfs",
+                "/tmp:exec,mode=1777",
+                "-e",
+                "EVALUATOR_ISOLATION=strict",
+                "-e",
+                "EVALUATOR_TOKEN=not-used",
+                "-e",
+                "EVALUATOR_CACHE_DIR=/tmp/cache",
+                "kernel-agent-evaluator:cpu",
+            ],
+            stack.engine.env(),
+            timeout=900,
+            check=False,
+        )
+    sh(["docker", "rm", "-f", name], stack.engine.env(), check=False, timeout=600)
+    assert result.returncode != 0, result.stdout[-3000:]
+    assert "EVALUATOR_ISOLATION=strict" in result.stdout + result.stderr, (result.stdout + result.stderr)[-3000:]
 
 
 def test_implementer_replaced_by_another_image(stack: Stack) -> None:

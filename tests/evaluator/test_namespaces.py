@@ -321,3 +321,50 @@ def test_killing_the_relay_alone_ends_the_namespace(stand_in: tuple[subprocess.P
     while uid_processes(uid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not uid_processes(uid), "processes of the job outlived the worker"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists(), reason="needs root and setpriv")
+def test_strict_probe_of_root_without_capabilities_says_no():
+    """Root with every capability dropped (a container started with `cap_drop: ALL` and nothing added): the probe
+    answers False with the reason in the log, and the service refuses EVALUATOR_ISOLATION=strict with a message that
+    names the capabilities, instead of a traceback from the probe."""
+    uid = sandbox_uid_base() + 4100
+    probe = subprocess.run(
+        [
+            "setpriv",
+            "--bounding-set=-all",
+            "--inh-caps=-all",
+            sys.executable,
+            "-c",
+            f"from services.evaluator.sandbox import strict_isolation_works; print(strict_isolation_works({uid}))",
+        ],
+        cwd=REPO,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert probe.returncode == 0 and probe.stdout.strip() == "False", probe.stdout + probe.stderr
+    service = subprocess.run(
+        [
+            "setpriv",
+            "--bounding-set=-all",
+            "--inh-caps=-all",
+            sys.executable,
+            "-m",
+            "services.evaluator",
+            "--port",
+            "1",
+        ],
+        cwd=REPO,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "EVALUATOR_ISOLATION": "strict"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    out = service.stdout + service.stderr
+    assert service.returncode != 0, out[-2000:]
+    assert "EVALUATOR_ISOLATION=strict does not work here" in out and "SYS_ADMIN" in out, out[-2000:]
+    assert "PermissionError" not in out, out[-2000:]
