@@ -482,7 +482,9 @@ class Judge:
             calls = await self._warm_up(candidate, timer)
             previous_share, chosen = math.inf, None
             for round_index in range(TIMING_ROUNDS):
+                round_started = time.monotonic()
                 blocks = await self._timed_blocks(candidate, timer, calls)
+                round_s = time.monotonic() - round_started
                 share = room_share(blocks)
                 timing = judge_timing(blocks, self.reference, ready, self.request, kernels, share)
                 if "implausible_timing" not in timing.flags and (chosen is None or share < chosen[0]):
@@ -492,11 +494,16 @@ class Judge:
                 if last or "stale_output" in self.run_state.flags:
                     break
                 longest = self._longest_block_calls(blocks, calls)
-                if share > MAX_ROOM_SHARE and calls < longest and share < previous_share * 2 / 3:
+                growth = min(16.0, share / MAX_ROOM_SHARE * 1.5)
+                grown = min(longest, math.ceil(calls * growth))
+                # A longer round that would not end before the deadline (with the same again to spare for the
+                # recheck and the reply) is not started: the judge's wish for a clearer clock must not turn an
+                # honest candidate on a loaded machine into a timeout.
+                fits = time.monotonic() + round_s * (grown / calls + 0.5) < self.deadline
+                if share > MAX_ROOM_SHARE and calls < longest and share < previous_share * 2 / 3 and fits:
                     # The judge's clock cannot yet tell the candidate's blocks from its own noise: longer blocks,
                     # as long as they help (noise that grows with the block, a loaded CPU's, does not shrink).
-                    growth = min(16.0, share / MAX_ROOM_SHARE * 1.5)
-                    calls = min(longest, math.ceil(calls * growth))
+                    calls = grown
                 elif "implausible_timing" not in timing.flags:
                     # A burst of load can hit most blocks of one round; a false report is seen in every round.
                     break
