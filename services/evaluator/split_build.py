@@ -17,10 +17,10 @@ with tree-sitter (the CUDA grammar) and writes:
 split_source.py reads the CUDA source (items, launch sites, rewrites); this module checks the arguments, writes
 the three sources and the binding, and compiles and links them.
 
-Whatever the splitter does not fully understand (preprocessor conditionals, namespaces, host code that names a
-device symbol other than by launching it or through the `cudaMemcpy*Symbol` calls, a templated kernel launched
-with arguments it cannot see through, flags that change how host code compiles, ...) raises `NotSplittable`, and
-the caller builds whole. A split build that fails in any way is thrown away and the whole build decides.
+Whatever the splitter does not fully understand (preprocessor conditionals around code, host code that names a
+device symbol other than by launching it or through the `cudaMemcpy*Symbol` and `cudaFunc*` calls, a templated
+kernel launched with arguments it cannot see through, flags that change how host code compiles, ...) raises
+`NotSplittable`, and the caller builds whole. A split build that fails in any way is thrown away and the whole build decides.
 """
 
 from __future__ import annotations
@@ -176,28 +176,35 @@ def make_plan(arguments: dict[str, Any]) -> SplitPlan:
     light = False
     announced: set[int] = set()
     exported: set[str] = set()
+    definitions: list[str] = []
+    # Accessors of the device symbols host code names: {prefix + name: the item that defines it}.
+    accessors = {f"ka_symbol_{split_source.text(s)}": "&" for s in symbols}
+    accessors.update({f"ka_kernel_{split_source.text(k)}": "" for k in found.kernel_refs})
     for item in items:
         text = split_source.text(item.node) + item.suffix + "\n"
         if item.side in ("device", "both"):
-            device.append(text)
+            device.append(item.wrap(text))
             light = light or bool(split_source.names(item.node) & {"Half", "BFloat16"})
         if item.side in ("host", "both"):
             rewritten = split_source.apply_edits(item.node.text, item.node.start_byte, edits.get(id(item), []))
-            host.append(rewritten + item.suffix + "\n")
+            host.append(item.wrap(rewritten + item.suffix + "\n"))
         if item.side == "device":
             for launch in launches:
                 kernel_name = str(split_source.declarator_name(launch.kernel.kernel))
                 if kernel_name in item.defines and launch.index not in announced:
                     announced.add(launch.index)
                     host.append(split_source.launchers(launch)[1])
-            for name in sorted(item.defines & {split_source.text(s) for s in symbols} - exported):
-                exported.add(name)
-                host.append(f'extern "C" const void* ka_symbol_{name}();\n')
+            for accessor, address_of in sorted(accessors.items()):
+                name = accessor.split("_", 2)[2]
+                if name in item.defines and accessor not in exported:
+                    exported.add(accessor)
+                    host.append(f'extern "C" const void* {accessor}();\n')
+                    body = f"return (const void*){address_of}{item.qualified(name)};"
+                    definitions.append(f'extern "C" const void* {accessor}() {{ {body} }}\n')
     for launch in launches:
         device.append(split_source.launchers(launch)[0])
         light = light or any(t.startswith("c10::") for t in launch.types)
-    for name in sorted({split_source.text(s) for s in symbols}):
-        device.append(f'extern "C" const void* ka_symbol_{name}() {{ return (const void*)&{name}; }}\n')
+    device += definitions
     if light:
         device.insert(1, LIGHT_HEADERS)
     return SplitPlan(

@@ -25,6 +25,13 @@ SYMBOL_CALLS = {
     "cudaGetSymbolAddress": 1,
     "cudaGetSymbolSize": 1,
 }
+# Runtime calls that take a kernel's address: host code may name a (non-template) kernel there, through an accessor.
+FUNCTION_CALLS = {
+    "cudaFuncSetAttribute": 0,
+    "cudaFuncGetAttributes": 1,
+    "cudaFuncSetCacheConfig": 0,
+    "cudaOccupancyMaxActiveBlocksPerMultiprocessor": 1,
+}
 FLOATING = ("double", "float")
 INTEGRAL = ("uint8_t", "int8_t", "int16_t", "int32_t", "int64_t")
 DISPATCH_TYPES: dict[str, tuple[str, ...]] = {
@@ -118,6 +125,16 @@ class Item:
     variable: bool = False  # a __constant__/__device__ variable
     suffix: str = ""  # the `;` after a top-level struct or enum, which the grammar leaves outside the node
     template: Any = None  # its template_parameter_list
+    scope: tuple[str, ...] = ()  # the namespaces it sits in ("" for an anonymous one)
+
+    def wrap(self, body: str) -> str:
+        """`body` inside the item's namespaces, reopened for it alone (the same namespaces, so the same names)."""
+        opening = "".join(f"namespace {name} {{\n" if name else "namespace {\n" for name in self.scope)
+        return opening + body + "}\n" * len(self.scope)
+
+    def qualified(self, name: str) -> str:
+        """`name` as seen from the global scope (an anonymous namespace needs no qualifier)."""
+        return "::".join([*(n for n in self.scope if n), name])
 
 
 def classify(node: Any) -> Item:
@@ -133,6 +150,8 @@ def classify(node: Any) -> Item:
         return Item(node, "both", {text(node.child_by_field_name("name"))})
     if kind == "preproc_call":
         return Item(node, "both", set())
+    if kind == "preproc_ifdef":
+        return _classify_guard(node)
     if kind in ("using_declaration", "namespace_alias_definition"):
         return Item(node, "host" if mentions_torch(node) else "both", set())
     if kind in ("type_definition", "alias_declaration", "struct_specifier", "class_specifier", "enum_specifier"):
@@ -151,6 +170,17 @@ def classify(node: Any) -> Item:
     if kind == "declaration":
         return _classify_declaration(node)
     raise NotSplittable(f"top-level {kind}")
+
+
+def _classify_guard(node: Any) -> Item:
+    """`#ifndef X / #define X ... / #endif` around macro definitions only: the same lines on both sides."""
+    if node.child_by_field_name("alternative") is not None:
+        raise NotSplittable("#else in a preprocessor conditional")
+    name = node.child_by_field_name("name")
+    body = [c for c in node.named_children if c.type != "comment" and (name is None or c != name)]
+    if not body or any(c.type not in ("preproc_def", "preproc_function_def") for c in body):
+        raise NotSplittable("a preprocessor conditional around code")
+    return Item(node, "both", {text(c.child_by_field_name("name")) for c in body})
 
 
 def _type_names(node: Any) -> set[str]:
@@ -340,7 +370,7 @@ LAUNCH_HEAD = "dim3 ka_grid, dim3 ka_block, size_t ka_shared, cudaStream_t ka_st
 
 def launchers(launch: Launch) -> tuple[str, str]:
     """(device definitions, host declarations) of one launch site's launchers."""
-    kernel_name = declarator_name(launch.kernel.kernel)
+    kernel_name = launch.kernel.qualified(str(declarator_name(launch.kernel.kernel)))
     device, host = [], []
     for scalar in launch.types or (None,):
         decls, names = _launcher_params(launch, scalar)
@@ -406,15 +436,16 @@ def check_references(items: list[Item], launches: list[Launch], symbols: list[An
                         raise NotSplittable(f"host code names device symbol {text(node)}")
 
 
-def symbol_uses(item: Item, variables: set[str]) -> list[Any]:
+def symbol_uses(item: Item, wanted: set[str], calls: dict[str, int]) -> list[Any]:
+    """The arguments of runtime `calls` (at their known position) that are plain names in `wanted`."""
     found = []
     for node in walk(item.node):
         callee = node.child_by_field_name("function") if node.type == "call_expression" else None
-        if callee is None or text(callee) not in SYMBOL_CALLS:
+        if callee is None or text(callee) not in calls:
             continue
         args = node.child_by_field_name("arguments").named_children
-        position = SYMBOL_CALLS[text(callee)]
-        if len(args) > position and args[position].type == "identifier" and text(args[position]) in variables:
+        position = calls[text(callee)]
+        if len(args) > position and args[position].type == "identifier" and text(args[position]) in wanted:
             found.append(args[position])
     return found
 
@@ -427,15 +458,12 @@ class Analysis:
     launches: list[Launch]
     symbols: list[Any]
     edits: dict[int, list[tuple[int, int, str]]]  # by id() of the host item
+    kernel_refs: list[Any]  # kernels named in FUNCTION_CALLS
 
 
 def analyse(source: str) -> Analysis:
     """Parse and classify the CUDA source; NotSplittable for anything not fully understood."""
-    root = parse(source)
-    items = [item for item in (classify(node) for node in root.named_children) if item.side != "none"]
-    for item in items:
-        after = item.node.next_sibling
-        item.suffix = ";" if after is not None and after.type == ";" else ""
+    items = _items(parse(source).named_children, ())
     kernels = {}
     for item in items:
         if item.kernel is not None:
@@ -446,6 +474,7 @@ def analyse(source: str) -> Analysis:
     variables = set().union(*(i.defines for i in items if i.variable))
     launches: list[Launch] = []
     symbols: list[Any] = []
+    kernel_refs: list[Any] = []
     edits: dict[int, list[tuple[int, int, str]]] = {}
     for item in items:
         if item.side != "host":
@@ -457,11 +486,37 @@ def analyse(source: str) -> Analysis:
                 launch = find_launch(node, kernels, item.node, len(launches))
                 launches.append(launch)
                 edits.setdefault(id(item), []).append(launch_rewrite(launch))
-        for symbol in symbol_uses(item, variables):
+        for symbol in symbol_uses(item, variables, SYMBOL_CALLS):
             symbols.append(symbol)
             rewrite = (symbol.start_byte, symbol.end_byte, f"ka_symbol_{text(symbol)}()")
             edits.setdefault(id(item), []).append(rewrite)
+        plain_kernels = {name for name, kernel in kernels.items() if kernel.template is None}
+        for reference in symbol_uses(item, plain_kernels, FUNCTION_CALLS):
+            kernel_refs.append(reference)
+            rewrite = (reference.start_byte, reference.end_byte, f"ka_kernel_{text(reference)}()")
+            edits.setdefault(id(item), []).append(rewrite)
     if not launches:
         raise NotSplittable("no kernel launch in host code")
-    check_references(items, launches, symbols)
-    return Analysis(items, launches, symbols, edits)
+    check_references(items, launches, [*symbols, *kernel_refs])
+    return Analysis(items, launches, symbols, edits, kernel_refs)
+
+
+def _items(nodes: list[Any], scope: tuple[str, ...]) -> list[Item]:
+    """The classified items of a list of top-level nodes, namespaces opened (their items keep the scope)."""
+    found: list[Item] = []
+    for node in nodes:
+        if node.type == "namespace_definition":
+            name = node.child_by_field_name("name")
+            if name is not None and name.type != "namespace_identifier":
+                raise NotSplittable("a nested namespace specifier")
+            body = node.child_by_field_name("body")
+            found += _items(body.named_children, (*scope, text(name) if name is not None else ""))
+            continue
+        item = classify(node)
+        if item.side == "none":
+            continue
+        after = node.next_sibling
+        item.suffix = ";" if after is not None and after.type == ";" else ""
+        item.scope = scope
+        found.append(item)
+    return found

@@ -22,10 +22,7 @@ WHOLE = {
     "c37_compile_error_missing_declaration": "do not declare",
     "c38_compile_error_device_calls_host": "names host code",
     "c44_packed_accessor": "uses torch",
-    "c45_anonymous_namespace": "namespace_definition",
-    "c46_preprocessor_guard": "preproc_ifdef",
     "c47_cublas_only": "no kernel launch",
-    "c48_func_attribute": "names device symbol",
     "c49_dispatch_in_host_template": "host template",
     "c50_deduced_template": "template arguments",
 }
@@ -127,6 +124,49 @@ def test_a_struct_keeps_its_semicolon_on_both_sides(corpus: list[tuple[cuda_corp
     plan = _plan(corpus, "c30_functor_template")
     for source in (plan.device_source, plan.host_source):
         assert re.search(r"struct SigmoidOp \{.*?\n\};\n", source, re.DOTALL), source
+
+
+def test_namespaces_guards_and_kernel_addresses(corpus: list[tuple[cuda_corpus.Case, dict[str, Any]]]) -> None:
+    anonymous = _plan(corpus, "c45_anonymous_namespace")
+    assert re.search(r"namespace \{\n__global__ void swish_kernel.*?\n\}\n\}\n", anonymous.device_source, re.DOTALL)
+    guarded = _plan(corpus, "c46_preprocessor_guard")
+    for source in (guarded.device_source, guarded.host_source):
+        assert "#ifndef BLOCK_SIZE\n#define BLOCK_SIZE 256\n#endif" in source
+    attribute = _plan(corpus, "c48_func_attribute")
+    assert "cudaFuncSetAttribute(ka_kernel_softmax_row_kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize" in (
+        attribute.host_source
+    )
+    assert "return (const void*)softmax_row_kernel;" in attribute.device_source
+    plan = split_build.make_plan(
+        {
+            "cpp_sources": "void f(torch::Tensor y);",
+            "cuda_sources": "namespace ops {\n__constant__ float c;\n__global__ void k(float* y) { y[0] = c; }\n"
+            "void f(torch::Tensor y) { float v = 1; cudaMemcpyToSymbol(c, &v, 4); k<<<1, 1>>>(y.data_ptr<float>()); }\n"
+            "}\n",
+            "functions": ["f"],
+        }
+    )
+    assert "ops::k<<<ka_grid" in plan.device_source and "return (const void*)&ops::c;" in plan.device_source
+
+
+@pytest.mark.parametrize(
+    "cuda",
+    [
+        "#ifdef FAST\n__global__ void k(float* y) { y[0] = 1; }\n#endif\n",
+        "#ifndef B\n#define B 1\n#else\n#define B 2\n#endif\n__global__ void k(float* y) { y[0] = B; }\n",
+        "namespace ops { __global__ void k(float* y) { y[0] = 1; } }\n",
+    ],
+)
+def test_conditionals_around_code_and_qualified_launches_are_refused(cuda: str) -> None:
+    host = (
+        "void f(torch::Tensor y) { ops::k<<<1, 1>>>(y.data_ptr<float>()); }\n"
+        if "namespace" in cuda
+        else ("void f(torch::Tensor y) { k<<<1, 1>>>(y.data_ptr<float>()); }\n")
+    )
+    plan, why = split_build.try_plan({"cpp_sources": "void f(torch::Tensor y);", "cuda_sources": cuda + host,
+                                      "functions": ["f"]})  # fmt: skip
+    assert plan is None, cuda
+    assert why
 
 
 def test_constant_memory_is_reached_through_an_accessor(
@@ -235,7 +275,10 @@ def test_service_asks_for_a_split_only_when_enabled_and_publishes_only_the_expec
     assert expected == split_build.binding_key(split_build.make_plan(on).binding_source, salt)
     _, cpu = build_cache.parse_request(event, "cpu")
     assert build_cache.SPLIT_ARGUMENT not in cpu
-    refused = {**call, "cuda_sources": call["cuda_sources"].replace("#include <cuda_runtime.h>", "namespace a {}")}
+    refused = {
+        **call,
+        "cuda_sources": call["cuda_sources"].replace("#include <cuda_runtime.h>", "#ifdef A\\nint a;\\n#endif"),
+    }
     _, whole = build_cache.parse_request({"kind": "load_inline", "arguments": refused}, "cuda")
     assert build_cache.SPLIT_ARGUMENT not in whole
 
