@@ -318,6 +318,18 @@ def has_signal(update: int, metrics: dict[str, float], warn: bool) -> bool:
     return False
 
 
+def check_prompt_budget(tokenizer: Any, config: TrainConfig, menu: str) -> None:
+    """The parts of a prompt that are never cut must leave room for the kernels; else the first turn would fail,
+    after minutes of loading and generating."""
+    fixed = fixed_prompt_tokens(tokenizer, config.target, menu, config.max_new_tokens)
+    if fixed + 64 > config.max_prompt_tokens:
+        raise ConfigError(
+            f"max_prompt_tokens {config.max_prompt_tokens} leaves no room for the kernels: the instruction"
+            f"{', the technique menu' if menu else ''}, a verdict and a previous suggestion take up to {fixed} "
+            f"tokens; fix: raise max_prompt_tokens to at least {fixed + 512}"
+        )
+
+
 # ---------------------------------------------------------------- the loop
 def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read top to bottom (CleanRL style)
     from accelerate import Accelerator
@@ -355,13 +367,7 @@ def train(config: TrainConfig, resume: bool = False) -> Path:  # one loop, read 
     if resume and checkpoint is None:
         log.warning("--resume: no checkpoint in %s; starting at update 0", run_dir)
     policy = load_policy(config, accelerator.device, resume_weights=checkpoint / "model" if checkpoint else None)
-    fixed = fixed_prompt_tokens(policy.tokenizer, config.target, menu, config.max_new_tokens)
-    if fixed + 64 > config.max_prompt_tokens:  # else the first turn fails after minutes of loading and generating
-        raise ConfigError(
-            f"max_prompt_tokens {config.max_prompt_tokens} leaves no room for the kernels: the instruction"
-            f"{', the technique menu' if menu else ''}, a verdict and a previous suggestion take up to {fixed} "
-            f"tokens; fix: raise max_prompt_tokens to at least {fixed + 512}"
-        )
+    check_prompt_budget(policy.tokenizer, config, menu)
     trainable = [p for p in policy.model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
