@@ -37,7 +37,9 @@ log = logging.getLogger(__name__)
 # Arguments that only say where or how loudly to build; they do not change the binary.
 NON_KEY_ARGS = frozenset({"name", "build_directory", "verbose", "keep_intermediates"})
 PUBLISHED_SUFFIXES = (".so", ".cpp", ".cu", ".h", ".cuh")
-MAX_ARTIFACT_BYTES = 512 << 20
+# A built library is a few MiB (one arch, no debug info); a cap far above that still bounds what one evaluation can
+# leave in the shared cache (MAX_BUILDS of them, kept across restarts) and what the service reads into memory.
+MAX_ARTIFACT_BYTES = 64 << 20
 # Most extension builds one evaluation may ask for, and the size of one request's arguments.
 MAX_BUILDS = 8
 MAX_REQUEST_BYTES = 2 << 20
@@ -46,12 +48,6 @@ _SOURCE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 # the binding object the builder will compile, which the service alone may publish into the binding cache.
 SPLIT_ARGUMENT = "split_build"
 _expected_bindings: dict[str, str] = {}
-
-
-def split_build_enabled() -> bool:
-    """`EVALUATOR_SPLIT_BUILD` (default off): try split builds of CUDA load_inline extensions (split_build.py).
-    Read from the service's environment when a request is parsed; builders never see it."""
-    return os.environ.get("EVALUATOR_SPLIT_BUILD", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 class BuildRequestError(ValueError):
@@ -147,7 +143,7 @@ def parse_request(event: dict[str, Any], device: str) -> tuple[str, dict[str, An
         arguments.pop("sources", None)
     arguments = {name: value for name, value in arguments.items() if name not in NON_KEY_ARGS}
     _merge_flags(arguments, device)
-    if kind == "load_inline" and device == "cuda" and split_build_enabled():
+    if kind == "load_inline" and device == "cuda" and split_build.enabled():
         binding = split_build.expected_binding(arguments, build_flags(device)["extra_cflags"])
         if binding is not None:
             arguments[SPLIT_ARGUMENT] = binding

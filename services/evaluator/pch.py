@@ -200,7 +200,8 @@ def pch_cflags(header: Path | None) -> list[str]:
 def main() -> None:
     """`python -m services.evaluator.pch CACHE_DIR [FLAGS...]`: build the PCH ahead of the first candidate.
 
-    The evaluator service runs this at start-up on CUDA machines for its default flags.
+    The evaluator service runs this at start-up on CUDA machines for its default flags; with split builds on
+    (EVALUATOR_SPLIT_BUILD) it also builds the torch/types.h header their host code uses.
     """
     import sys
 
@@ -210,7 +211,9 @@ def main() -> None:
     with_cuda = torch.cuda.is_available()
     header = ensure_pch(sys.argv[1], sys.argv[2:], with_cuda=with_cuda)
     log.info("precompiled header: %s", header)
-    if with_cuda:  # the split build's host code (split_build.py)
+    from services.evaluator import split_build
+
+    if with_cuda and split_build.enabled():  # the split build's host code
         types = ensure_pch(sys.argv[1], sys.argv[2:], with_cuda=True, header=TYPES_HEADER)
         log.info("precompiled header: %s", types)
 

@@ -82,6 +82,12 @@ DEVICE_PRELUDE = """\
 LIGHT_HEADERS = "#include <c10/util/Half.h>\n#include <c10/util/BFloat16.h>\n"
 
 
+def enabled() -> bool:
+    """`EVALUATOR_SPLIT_BUILD` (default off): try split builds. Read from the service's environment when a request
+    is parsed and when the start-up PCH build runs; builders never see it."""
+    return os.environ.get("EVALUATOR_SPLIT_BUILD", "").strip().lower() in ("1", "true", "yes", "on")
+
+
 @dataclass
 class SplitPlan:
     device_source: str
