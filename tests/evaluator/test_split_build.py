@@ -407,3 +407,12 @@ def test_deeply_nested_sources_are_no_danger_to_the_service() -> None:
     )
     assert plan is not None or why
     assert split_build.expected_binding({"cpp_sources": "", "cuda_sources": cuda, "functions": ["f"]}, ["-O3"]) is None
+
+
+def test_the_types_header_pch_has_a_key_of_its_own_and_the_extension_ones_keep_theirs() -> None:
+    pytest.importorskip("torch")
+    from services.evaluator import pch
+
+    extension = pch.pch_key(["-O3"], "c++")
+    assert pch.pch_key(["-O3"], "c++", "torch/extension.h") == extension  # caches built before keep their PCH
+    assert pch.pch_key(["-O3"], "c++", pch.TYPES_HEADER) != extension
