@@ -17,6 +17,9 @@ TORCH_NAMESPACES = frozenset({"torch", "at", "c10", "pybind11", "py"})
 TORCH_MACRO = re.compile(r"^(TORCH|AT|C10|CUDA_KERNEL_LAUNCH)_")
 LIGHT_TYPES = frozenset({"at::Half", "c10::Half", "at::BFloat16", "c10::BFloat16"})
 TORCH_INCLUDE = re.compile(r"^[<\"](torch|ATen|c10|pybind11)/")
+# Headers and namespaces that exist for device code only (empty or broken under g++): device side alone.
+DEVICE_INCLUDE = re.compile(r"^<(cooperative_groups|mma\.h|cuda_pipeline|cuda_awbarrier|sm_\d+_intrinsics)")
+DEVICE_NAMESPACES = frozenset({"cooperative_groups", "nvcuda", "wmma"})
 SYMBOL_CALLS = {
     "cudaMemcpyToSymbol": 0,
     "cudaMemcpyToSymbolAsync": 0,
@@ -145,7 +148,8 @@ def classify(node: Any) -> Item:
         path = text(node.child_by_field_name("path"))
         if path.startswith('"'):
             raise NotSplittable(f"local include {path}")
-        return Item(node, "host" if TORCH_INCLUDE.match(path) else "both", set())
+        side = "host" if TORCH_INCLUDE.match(path) else "device" if DEVICE_INCLUDE.match(path) else "both"
+        return Item(node, side, set())
     if kind in ("preproc_def", "preproc_function_def"):
         return Item(node, "both", {text(node.child_by_field_name("name"))})
     if kind == "preproc_call":
@@ -153,7 +157,10 @@ def classify(node: Any) -> Item:
     if kind == "preproc_ifdef":
         return _classify_guard(node)
     if kind in ("using_declaration", "namespace_alias_definition"):
-        return Item(node, "host" if mentions_torch(node) else "both", set())
+        alias = {text(node.child_by_field_name("name"))} if kind == "namespace_alias_definition" else set()
+        if names(node) & DEVICE_NAMESPACES:
+            return Item(node, "device", alias)
+        return Item(node, "host" if mentions_torch(node) else "both", alias)
     if kind in ("type_definition", "alias_declaration", "struct_specifier", "class_specifier", "enum_specifier"):
         return Item(node, "host" if mentions_torch(node) else "both", _type_names(node))
     if kind == "template_declaration":
