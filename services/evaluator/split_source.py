@@ -88,6 +88,10 @@ def mentions_torch(node: Any) -> bool:
                 return True
         if n.type == "identifier" and TORCH_MACRO.match(text(n)):
             return True
+        # `using namespace torch;` names the namespace as a plain identifier.
+        if n.type == "identifier" and text(n) in TORCH_NAMESPACES and n.parent is not None:
+            if n.parent.type in ("using_declaration", "namespace_alias_definition"):
+                return True
     return False
 
 

@@ -147,6 +147,8 @@ def test_namespaces_guards_and_kernel_addresses(corpus: list[tuple[cuda_corpus.C
         }
     )
     assert "ops::k<<<ka_grid" in plan.device_source and "return (const void*)&ops::c;" in plan.device_source
+    using = _plan(corpus, "c28_functions_dict")
+    assert "using namespace torch;" not in using.device_source and "using namespace torch;" in using.host_source
     # Device-only libraries (empty or broken under g++) stay on the device side.
     groups = _plan(corpus, "c51_cooperative_groups_reduce")
     assert "cooperative_groups" not in groups.host_source

@@ -15,7 +15,7 @@ __global__ void sigmoid_kernel(const float* __restrict__ x, float* __restrict__ 
 }
 
 Tensor sigmoid_forward(Tensor x) {
-    Tensor y = empty_like(x);
+    Tensor y = torch::empty_like(x);
     size_t n = x.numel();
     sigmoid_kernel<<<(unsigned)((n + 127) / 128), 128>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
     return y;
