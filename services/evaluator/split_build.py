@@ -137,7 +137,8 @@ def _check_arguments(arguments: dict[str, Any]) -> dict[str, str]:
 
 
 def _binding(cpp_sources: str, functions: dict[str, str], pytorch_errors: bool) -> tuple[str, str, set[str]]:
-    """(binding source, host definitions from cpp_sources, declared names): what load_inline's main.cpp holds."""
+    """(binding source, the host code of cpp_sources, declared names): what load_inline's main.cpp holds. The
+    host code keeps every declaration, for definitions there (a wrapper calling a launcher of the .cu) need them."""
     if "PYBIND11" in cpp_sources or "TORCH_LIBRARY" in cpp_sources:
         raise NotSplittable("cpp_sources bind on their own")
     root = split_source.parse(cpp_sources)
@@ -155,6 +156,7 @@ def _binding(cpp_sources: str, functions: dict[str, str], pytorch_errors: bool) 
         elif node.type == "declaration" and any(c.type == "function_declarator" for c in split_source.walk(node)):
             declared |= split_source.declared_names(node)
             kept.append(split_source.tokens(node) + "\n")
+            definitions.append(split_source.text(node) + "\n")
         elif node.type == "function_definition" and split_source.declarator_name(node):
             declared.add(str(split_source.declarator_name(node)))
             kept.append(split_source.tokens(node, stop=node.child_by_field_name("body")) + " ;\n")

@@ -192,6 +192,9 @@ def test_host_device_helpers_and_wrappers_in_cpp_sources(
     assert "gelu_exact" not in helper.host_source
     wrapper = _plan(corpus, "c31_wrapper_in_cpp_sources")
     assert "torch::Tensor relu(torch::Tensor x) {" in wrapper.host_source  # the definition from cpp_sources
+    assert wrapper.host_source.index("void launch_relu(const float* x, float* y, int n);") < wrapper.host_source.index(
+        "torch::Tensor relu(torch::Tensor x) {"
+    )
     assert "torch :: Tensor relu ( torch :: Tensor x ) ;" in wrapper.binding_source  # its declaration, as tokens
 
 
