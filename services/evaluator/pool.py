@@ -11,6 +11,7 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import os
 import secrets
 import shutil
@@ -167,6 +168,12 @@ class Worker:
         return ""
 
 
+def _bounded_int(text: str) -> int | float:
+    """A JSON integer; one too large for a float (which no honest reply carries) reads as infinity, so every
+    check of a number's finiteness rejects it instead of raising OverflowError."""
+    return int(text) if len(text.lstrip("-")) <= 300 else math.inf
+
+
 async def _read_events(worker: Worker, reader: asyncio.StreamReader) -> None:
     total = 0
     try:
@@ -179,11 +186,13 @@ async def _read_events(worker: Worker, reader: asyncio.StreamReader) -> None:
                 worker.events.append({"event": "flood", "received_at": time.monotonic()})
                 break
             try:
-                event = json.loads(line)
+                event = json.loads(line, parse_int=_bounded_int)
             except (ValueError, RecursionError):  # a line nested 200,000 deep must not end the reader
                 worker.events.append({"event": "flood", "received_at": time.monotonic()})
                 continue
-            if isinstance(event, dict):
+            # Only events named by a string reach the judge: any other name (a list, a dict) would make its
+            # lookups raise, and an exception there is not the candidate's verdict to choose.
+            if isinstance(event, dict) and isinstance(event.get("event"), str):
                 event["received_at"] = time.monotonic()
                 worker.events.append(event)
                 worker.changed.set()

@@ -138,7 +138,9 @@ def candidate_result(run: CandidateRun, reject: frozenset[str], message_chars: i
     failure = _failure(run)
     status, message = failure if failure else (EvaluationStatus.correct, "")
     rejecting = [flag for flag in flags if flag in reject]
-    if rejecting and status in (EvaluationStatus.correct, EvaluationStatus.incorrect, EvaluationStatus.crashed):
+    # A rejecting flag wins over every other status: the status of a failure can come from a line the candidate
+    # wrote itself (an `error` event), and a caught hack must not choose a milder one.
+    if rejecting:
         status, message = EvaluationStatus.rejected, f"rejected for {', '.join(rejecting)}. {note}\n{message}"
     elif note:
         message = f"{message}\n{note}".strip()

@@ -25,6 +25,9 @@ CASES = {
     "import_reference": (sources.IMPORT_REFERENCE, "rejected", "uses_reference_model", ["uses_reference_model"]),
     "subclass_reference": (sources.SUBCLASS_REFERENCE, "rejected", "uses_reference_model", ["uses_reference_model"]),
     "forged_result_then_exit": (sources.FORGED_RESULT_THEN_EXIT, "crashed", "without a result", []),
+    "unhashable_event_wrong": (sources.UNHASHABLE_EVENT_WRONG, "incorrect", "differs", []),
+    "overflowing_ms": (sources.OVERFLOWING_MS, "rejected", "malformed timing reply", ["result_tampering"]),
+    "stale_then_forged_error": (sources.STALE_THEN_FORGED_ERROR, "rejected", "stale_output", ["stale_output"]),
 }
 
 
