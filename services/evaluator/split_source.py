@@ -475,6 +475,12 @@ class Analysis:
 def analyse(source: str) -> Analysis:
     """Parse and classify the CUDA source; NotSplittable for anything not fully understood."""
     items = _items(parse(source).named_children, ())
+    # Launchers are written after everything else, so a macro must mean one thing from its definition on.
+    macros = [name for item in items if item.node.type in _MACRO_ITEMS for name in item.defines]
+    if len(macros) != len(set(macros)):
+        raise NotSplittable("a macro defined twice")
+    if any(item.node.type == "preproc_call" and text(item.node).lstrip("# \t").startswith("undef") for item in items):
+        raise NotSplittable("#undef")
     kernels = {}
     for item in items:
         if item.kernel is not None:
@@ -510,6 +516,9 @@ def analyse(source: str) -> Analysis:
         raise NotSplittable("no kernel launch in host code")
     check_references(items, launches, [*symbols, *kernel_refs])
     return Analysis(items, launches, symbols, edits, kernel_refs)
+
+
+_MACRO_ITEMS = ("preproc_def", "preproc_function_def", "preproc_ifdef")
 
 
 def _items(nodes: list[Any], scope: tuple[str, ...]) -> list[Item]:

@@ -161,6 +161,8 @@ def test_namespaces_guards_and_kernel_addresses(corpus: list[tuple[cuda_corpus.C
         "#ifdef FAST\n__global__ void k(float* y) { y[0] = 1; }\n#endif\n",
         "#ifndef B\n#define B 1\n#else\n#define B 2\n#endif\n__global__ void k(float* y) { y[0] = B; }\n",
         "namespace ops { __global__ void k(float* y) { y[0] = 1; } }\n",
+        "#define B 1\n__global__ void k(float* y) { y[0] = B; }\n#undef B\n#define B 2\n",
+        "#define B 1\n__global__ void k(float* y) { y[0] = B; }\n#define B 2\n",
     ],
 )
 def test_conditionals_around_code_and_qualified_launches_are_refused(cuda: str) -> None:
