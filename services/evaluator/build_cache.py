@@ -187,8 +187,11 @@ def _publish_binding(cache_dir: Path, builder_root: Path, builder_uid: int | Non
     filename = f"split_binding_{expected}.o"
     if expected is None or filename not in files or split_build.cached_binding(cache_dir, expected) is not None:
         return
-    data = read_file_beneath(builder_root, f"home/build/{filename}", MAX_ARTIFACT_BYTES, builder_uid)
-    split_build.store_binding(cache_dir, expected, data)
+    try:
+        data = read_file_beneath(builder_root, f"home/build/{filename}", MAX_ARTIFACT_BYTES, builder_uid)
+        split_build.store_binding(cache_dir, expected, data)
+    except (OSError, ValueError):  # a binding not kept costs the next build time, never this one's verdict
+        log.warning("split binding %s not stored", expected, exc_info=True)
 
 
 def prepare(cache_dir: Path) -> None:

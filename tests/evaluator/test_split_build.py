@@ -308,6 +308,18 @@ def test_service_asks_for_a_split_only_when_enabled_and_publishes_only_the_expec
     assert stored is not None and stored.read_bytes() == f"split_binding_{expected}.o".encode()
     assert split_build.cached_binding(cache_dir, forged) is None
     assert not (cache_dir / key / f"split_binding_{expected}.o").exists()
+    # A binding that cannot be read (here a link) is not kept, and the library is published all the same.
+    _, again = build_cache.parse_request({"kind": "load_inline", "arguments": {**call, "name": "other"}}, "cuda")
+    other_key = build_cache.cache_key("load_inline", {**again, "extra_cflags": ["-O2"]}, "arch")
+    other_root = tmp_path / "other"
+    (other_root / "home" / "build").mkdir(parents=True)
+    other_name = build_cache.library_name(other_key)
+    (other_root / "home" / "build" / f"{other_name}.so").write_bytes(b"so")
+    (other_root / "home" / "build" / f"split_binding_{expected}.o").symlink_to("/etc/hostname")
+    shutil.rmtree(cache_dir / split_build.BINDING_DIR)
+    files = [f"{other_name}.so", f"split_binding_{expected}.o"]
+    assert build_cache.publish(cache_dir, other_root, None, other_key, files).read_bytes() == b"so"
+    assert split_build.cached_binding(cache_dir, expected) is None
 
 
 def test_a_failed_split_build_falls_back_to_the_whole_build(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
