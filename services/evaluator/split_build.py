@@ -31,6 +31,7 @@ import hashlib
 import logging
 import os
 import re
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -44,7 +45,8 @@ log = logging.getLogger(__name__)
 
 BINDING_INIT = "ka_split_binding"
 BINDING_DIR = "split-bindings"
-BUILD_TIMEOUT_S = 600
+# A split build that takes longer is abandoned for the whole build, which must still fit in the evaluation's time.
+BUILD_TIMEOUT_S = 120
 # Flags that act on device code only, or equally on every part of a split build; any other flag takes the whole
 # build (a -D, -std or -I would reach the host code differently, and some flags run programs in the builder).
 SAFE_CUDA_FLAG = re.compile(
@@ -380,11 +382,25 @@ def run_ninja(build_dir: Path, targets: list[str], timeout_s: float = BUILD_TIME
     jobs = os.environ.get("MAX_JOBS")
     if jobs and jobs.isdigit():
         command += ["-j", jobs]
-    done = subprocess.run(
-        [*command, *targets], cwd=build_dir, capture_output=True, text=True, timeout=timeout_s, check=False
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"split build failed:\n{done.stdout[-20000:]}{done.stderr[-5000:]}")
+    # On SIGTERM ninja stops the compilers it started (each in a process group of its own); its session is the
+    # backstop.
+    process = subprocess.Popen(
+        [*command, *targets], cwd=build_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired as error:
+        process.terminate()
+        try:
+            process.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+        raise RuntimeError(f"split build took longer than {timeout_s} s") from error
+    if process.returncode != 0:
+        raise RuntimeError(f"split build failed:\n{stdout[-20000:]}{stderr[-5000:]}")
 
 
 def build(

@@ -390,7 +390,7 @@ def test_split_sources_compile(
     targets = device + (
         [o for o in objects if o.startswith(("split_host", "split_stub"))] if name == COMPILED[0] else []
     )
-    split_build.run_ninja(tmp_path, targets)
+    split_build.run_ninja(tmp_path, targets, timeout_s=900)  # a loaded CI runner is slow; the service's limit is less
     assert all((tmp_path / t).stat().st_size > 0 for t in targets)
 
 
@@ -439,3 +439,20 @@ def test_the_types_header_pch_has_a_key_of_its_own_and_the_extension_ones_keep_t
     extension = pch.pch_key(["-O3"], "c++")
     assert pch.pch_key(["-O3"], "c++", "torch/extension.h") == extension  # caches built before keep their PCH
     assert pch.pch_key(["-O3"], "c++", pch.TYPES_HEADER) != extension
+
+
+def test_a_split_build_past_its_time_is_stopped_with_its_compilers(tmp_path: Path) -> None:
+    import time
+
+    import psutil
+
+    command = "sh -c 'echo $$$$ > compiler.pid; exec sleep 30'"  # ninja reads $$ as $
+    (tmp_path / "build.ninja").write_text(f"rule slow\n  command = {command}\nbuild out: slow\n")
+    with pytest.raises(RuntimeError, match="longer than"):
+        split_build.run_ninja(tmp_path, [], timeout_s=2)
+    pid = int((tmp_path / "compiler.pid").read_text())
+    time.sleep(0.5)
+    try:
+        assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        pass
