@@ -82,9 +82,9 @@ class TrainConfig(BaseModel):
     reward_incorrect: float = -0.5
     """Reward when C compiles but is wrong, crashes or times out."""
     reward_correct_bonus: float = 0.3
-    """Reward when correct is this plus baseline_ms / candidate_ms."""
+    """Reward when correct is this plus the evaluator's speedup."""
     speedup_cap: float | None = None
-    """Upper bound of baseline_ms / candidate_ms in the reward; None for no cap."""
+    """Upper bound of the speedup in the reward; None for no cap."""
     skip_upstream_errors: bool = True
     """Leave implementer `upstream_error` samples out of the loss; False scores them as not compiled."""
     reuse_evaluations: bool = True

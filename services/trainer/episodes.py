@@ -10,7 +10,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from services.trainer.config import ConfigError, TrainConfig
@@ -202,13 +202,11 @@ def _fatal_if_auth(exc: ServiceError) -> None:
 
 @dataclass
 class Services:
-    """The implementer and evaluator replicas, and the baseline cache: (problem hash, device) -> reference ms."""
+    """The implementer and evaluator replicas."""
 
     implementers: ReplicaPool[AsyncImplementerClient]
     evaluators: ReplicaPool[AsyncEvaluatorClient]
     settings: ServiceSettings
-    baselines: dict[tuple[str, str], float] = field(default_factory=dict)
-    _baselined: set[str] = field(default_factory=set)
 
     async def implement(self, reference: str, kernel_b: str, suggestion: str) -> tuple[str, str | None, str]:
         """(status, new source, message); HTTP 5xx or no answer is `upstream_error`, another 4xx `refused`."""
@@ -247,29 +245,6 @@ class Services:
             _fatal_if_auth(exc)
             return None, time.perf_counter() - start, str(exc)[:500]
         return result, time.perf_counter() - start, result.message[:500]
-
-    async def ensure_baseline(self, problem_hash: str, reference: str, seed: int | None = None) -> None:
-        """Time the reference once per problem (renamed ModelNew); its reference_ms becomes the baseline."""
-        if problem_hash in self._baselined:
-            return
-        self._baselined.add(problem_hash)
-        result, _, message = await self.evaluate(reference, reference_as_candidate(reference), seed)
-        if result is None or result.reference_ms is None:
-            self._baselined.discard(problem_hash)  # try again next time the problem comes up
-            log.warning(
-                "no baseline timing for problem %s: %s",
-                problem_hash[:12],
-                message or (result.status.value if result else "evaluator error"),
-            )
-            return
-        self.baselines[(problem_hash, result.device)] = result.reference_ms.median
-
-    def baseline_for(self, problem_hash: str, result: EvaluationResult) -> float | None:
-        """The cached baseline of this device; a device seen first here takes this result's reference timing."""
-        key = (problem_hash, result.device)
-        if key not in self.baselines and result.reference_ms is not None:
-            self.baselines[key] = result.reference_ms.median
-        return self.baselines.get(key)
 
     async def aclose(self) -> None:
         await self.implementers.aclose()
@@ -366,10 +341,9 @@ async def _evaluate_turns(
             evaluations.pop(key, None)  # a later turn asks again rather than inherit a failed request
             return
         turn.verdict = result.status.value
-        baseline = services.baseline_for(problem.hash, result)
-        turn.reward = reward(result, baseline, services.settings.rewards)
-        if turn.reward is not None and baseline is not None and result.candidate_ms is not None and result.correct:
-            turn.speedup = baseline / result.candidate_ms.median
+        turn.reward = reward(result, services.settings.rewards)
+        if turn.reward is not None and result.correct:
+            turn.speedup = result.speedup
         if turn.verdict != "evaluator_error":  # the evaluator failing says nothing about C: stay on B
             state.kernel_a, state.kernel_b, state.suggestion = state.kernel_b, candidate, turn.suggestion
             state.verdict = describe_verdict(turn.verdict, turn.speedup, result.message)
@@ -397,7 +371,6 @@ async def run_episodes(
     states = [EpisodeState(kernel_a=p.source, kernel_b=p.source) for p in problems for _ in range(num_trajectories)]
     evaluations: dict[tuple[int, str], asyncio.Task[Evaluation]] = {}
     index = [(g, j) for g in range(len(problems)) for j in range(num_trajectories)]
-    await asyncio.gather(*(services.ensure_baseline(p.hash, p.source, input_seed) for p in problems))
     all_turns: list[Turn] = []
     for t in range(max_turns):
         if should_stop():

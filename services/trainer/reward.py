@@ -15,11 +15,13 @@ class RewardValues:
     speedup_cap: float | None = None
 
 
-def reward(result: EvaluationResult, baseline_ms: float | None, values: RewardValues) -> float | None:
-    """-1 not compiled, -0.5 compiled but wrong, 0.3 + baseline_ms / candidate_ms when correct.
+def reward(result: EvaluationResult, values: RewardValues) -> float | None:
+    """-1 not compiled, -0.5 compiled but wrong, 0.3 + baseline_time / new_time when correct.
 
-    `baseline_ms` is the evaluator's reference timing of the problem on that device. None is returned for an
-    `evaluator_error` (the evaluator failed, not the candidate) and for a correct verdict without timings.
+    baseline_time / new_time is the evaluator's `speedup`: the reference and the candidate timed against each other
+    in the same evaluation, in alternating blocks on the same inputs, so load on the machine moves both alike, and
+    what the judge could not verify is already capped there (`unverified_timing`). None is returned for an
+    `evaluator_error` (the evaluator failed, not the candidate) and for a correct verdict without a speedup.
     """
     if result.status is EvaluationStatus.evaluator_error:
         return None
@@ -27,9 +29,9 @@ def reward(result: EvaluationResult, baseline_ms: float | None, values: RewardVa
         return values.not_compiled
     if result.status is not EvaluationStatus.correct:
         return values.incorrect
-    if baseline_ms is None or result.candidate_ms is None or result.candidate_ms.median <= 0:
+    if result.speedup is None or result.speedup <= 0:
         return None
-    speedup = baseline_ms / result.candidate_ms.median
+    speedup = result.speedup
     if values.speedup_cap is not None:
         speedup = min(speedup, values.speedup_cap)
     return values.correct_bonus + speedup

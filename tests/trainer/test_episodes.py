@@ -33,7 +33,7 @@ def _ms(value: float) -> TimingStats:
 
 
 def _correct(candidate_ms: float) -> EvaluationResult:
-    """A correct verdict with a 2 ms reference."""
+    """A correct verdict with a 2 ms reference timed in the same evaluation."""
     return EvaluationResult(
         status=EvaluationStatus.correct,
         compiled=True,
@@ -41,6 +41,7 @@ def _correct(candidate_ms: float) -> EvaluationResult:
         device="cpu",
         reference_ms=_ms(2.0),
         candidate_ms=_ms(candidate_ms),
+        speedup=2.0 / candidate_ms,
     )
 
 
@@ -105,8 +106,8 @@ def test_failure_modes_rewards_and_state(tokenizer):
     assert by[(1, 0)].implement_status == "no_code" and by[(1, 0)].reward == -1.0
     assert by[(2, 0)].verdict == "evaluator_error" and by[(2, 0)].reward is None
     assert by[(3, 0)].implement_status == "empty_suggestion" and by[(3, 0)].reward == -1.0
-    assert by[(4, 0)].verdict == "correct" and by[(4, 0)].reward == 0.3 + 2.0  # baseline 2 ms / candidate 1 ms
-    assert services.baselines == {("h0", "cpu"): 2.0}
+    assert by[(4, 0)].verdict == "correct" and by[(4, 0)].reward == 0.3 + 2.0  # reference 2 ms / candidate 1 ms
+    assert by[(4, 0)].speedup == 2.0
     # at turn 1, trajectories 0-3 still start from the reference (no advance); 4 starts from its new kernel
     sources = dict(implementer.asked)
     for suggestion in ("fast again", "fast"):
@@ -115,7 +116,7 @@ def test_failure_modes_rewards_and_state(tokenizer):
     assert "" not in sources  # the empty suggestion never reached the implementer
 
 
-def test_reference_renamed_for_the_baseline():
+def test_reference_renamed_as_a_candidate():
     renamed = reference_as_candidate(REFERENCE)
     assert "class ModelNew(torch.nn.Module)" in renamed and "super(ModelNew, self)" in renamed
     assert "Model(" not in renamed.replace("ModelNew(", "")
@@ -135,7 +136,7 @@ def test_one_input_seed_per_update(tokenizer):
         return [([7, 2], f"fast {j} at turn {t}", True) for j in range(len(prompts))]  # every kernel different
 
     asyncio.run(run_episodes([FakeProblem()], 3, 2, tokenizer, generate, services, 1024, input_seed=1234))
-    assert evaluator.seeds == [1234] * (1 + 3 * 2)  # the baseline, then 3 trajectories x 2 turns
+    assert evaluator.seeds == [1234] * (3 * 2)  # 3 trajectories x 2 turns, no extra baseline run
 
 
 class NoisyEvaluator:
@@ -178,7 +179,7 @@ def _run_with(reuse: bool, tokenizer) -> tuple[list, NoisyEvaluator]:
 def test_identical_kernels_are_evaluated_once_per_update(tokenizer):
     turns, evaluator = _run_with(True, tokenizer)
     by = {(t.trajectory, t.turn): t for t in turns}
-    sent = evaluator.candidates[1:]  # after the baseline
+    sent = evaluator.candidates
     # turn 0: "same" once for two samples in flight together, "other" once, "broken" fails;
     # turn 1: "same" and "other" reuse turn 0's verdicts, "broken" is asked again (failures are not kept)
     assert sorted(sent) == sorted(["# from same\n", "# from other\n", "# from broken\n", "# from broken\n"])
@@ -193,7 +194,7 @@ def test_identical_kernels_are_evaluated_once_per_update(tokenizer):
 
 def test_without_reuse_every_kernel_is_evaluated(tokenizer):
     turns, evaluator = _run_with(False, tokenizer)
-    assert len(evaluator.candidates) == 1 + 8  # the baseline and every sample
+    assert len(evaluator.candidates) == 8  # every sample
     by = {(t.trajectory, t.turn): t for t in turns}
     assert by[(0, 0)].reward != by[(1, 0)].reward  # the same kernel, timed twice, differs by the "noise"
     assert not any(t.evaluation_reused for t in turns)
@@ -269,4 +270,4 @@ def test_the_next_prompt_says_how_kernel_b_fared(tokenizer):
     asyncio.run(run_episodes([FakeProblem()], 2, 2, tokenizer, generate, services, 1024))
     assert all("it is the reference" in text for text in seen[0])
     assert "it does not compile. kernel.cu(12): error: expected a ';'" in seen[1][0]  # B is the broken kernel
-    assert "correct, 2.00x the reference's speed." in seen[1][1]  # baseline 2 ms, candidate 1 ms
+    assert "correct, 2.00x the reference's speed." in seen[1][1]  # reference 2 ms, candidate 1 ms
