@@ -119,8 +119,7 @@ class Stack:
             COMPOSE_PROJECT_NAME=self.project,
             KERNEL_AGENT_TOKEN=self.token,
             COMPOSE_HTTP_TIMEOUT="900",
-            **self.env_extra,
-            **extra,
+            **{**self.env_extra, **extra},  # a test's own value wins over the stack's
         )
 
     def compose(
@@ -604,7 +603,12 @@ def test_strict_isolation_fails_loudly_without_its_capabilities(stack: Stack) ->
 
 def test_implementer_replaced_by_another_image(stack: Stack) -> None:
     files = ("docker/compose.implementer-image.yml",)
-    env = stack.env(IMPLEMENTER_IMAGE=ECHO_IMAGE, TRAINER_OUTPUT_DIR="/outputs/echo")
+    # An implementer of one's own publishes no technique vocabulary: the offline config's technique menu is off.
+    env = stack.env(
+        IMPLEMENTER_IMAGE=ECHO_IMAGE,
+        TRAINER_OUTPUT_DIR="/outputs/echo",
+        TRAINER_ARGS=f"{TINY_ARGS} --prompt_techniques false",
+    )
     with timed("compose up: implementer replaced by another image"):
         result = stack.compose(
             "up", "--no-build", "--exit-code-from", "trainer", files=files, env=env, timeout=1800, check=False
