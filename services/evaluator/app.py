@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -92,6 +93,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "permission to mount (docs/docker.md); grant them or set EVALUATOR_ISOLATION=process"
             )
         strict = settings.isolation != "process" and strict_works
+        if not strict and os.geteuid() == 0:
+            # `process` isolation changes no uid: its candidates would run as root, able to read the service's
+            # environment and signal any process on the host.
+            raise RuntimeError(
+                "process isolation would run candidates as root: run the service as an unprivileged user for "
+                "`process`, or give it what `strict` needs (docs/evaluator.md, Isolation)"
+            )
         pool = WorkerPool(settings, strict=strict)
         app.state.evaluator = Evaluator(settings, pool, metrics)
         app.state.jobs = JobStore(settings.max_jobs_stored)

@@ -313,6 +313,9 @@ class Judge:
         self.used_seeds = {(seed + 1 + trial) % (1 << 32) for trial in range(self.trials + RECHECK_SETS)}
         # The workers timed against each other: while one runs a block, the other is stopped.
         self.pair: list[Worker] = []
+        # Workers the judge keeps stopped between two commands of a timed block (see _command): the pids it
+        # stopped, by the worker's pid.
+        self.held: dict[int, list[int]] = {}
         self.timer: Worker | None = None
 
     @property
@@ -593,9 +596,11 @@ class Judge:
         take the handed-over set), a timed call on each, then the digest of the outputs under `digest_seed`."""
         drawn_s = 0.0
         if handed_over is None:
-            drawn_s = (await self._command(worker, {"op": "draw", "seeds": seeds}, "drawn", clocked=True))[1]
+            command: dict[str, Any] = {"op": "draw", "seeds": seeds}
+            drawn_s = (await self._command(worker, command, "drawn", clocked=True, hold=True))[1]
         command = {"op": "block", "set": handed_over}
-        reply, clocked_s, wall_s = await self._command(worker, command, "block", clocked=True)
+        hold = digest_seed is not None
+        reply, clocked_s, wall_s = await self._command(worker, command, "block", clocked=True, hold=hold)
         ms = reply.get("ms")
         calls = len(seeds) + (handed_over is not None)
         if not (
@@ -616,7 +621,7 @@ class Judge:
         return block
 
     async def _command(
-        self, worker: Worker, command: dict[str, Any], reply: str, clocked: bool = False
+        self, worker: Worker, command: dict[str, Any], reply: str, clocked: bool = False, hold: bool = False
     ) -> tuple[dict[str, Any], float, float]:
         """Send one timing command with the other worker of the pair stopped (see _paused); the reply carrying its
         nonce, how long the job took for it by the judge's clock (`clocked`), and the wall time.
@@ -624,18 +629,30 @@ class Judge:
         On a GPU the clock is the wall time until the reply. On a CPU it is the CPU time every process of the job
         used meanwhile, per torch thread: the machine's load does not move it, so the work around the calls
         (drawing inputs, the digest) costs both sides the same, and a report can claim no less time than the CPU
-        work it did. A process of the job that exits meanwhile takes its CPU time with it (see docs/evaluator.md)."""
+        work it did. A process of the job that exits meanwhile takes its CPU time with it (see docs/evaluator.md).
+
+        `hold`: the worker's job stays stopped from its reply until the judge sends it the next command, so nothing
+        it does between two commands of a block (computing the block's answers from the inputs it has just drawn)
+        escapes the clock: what it does before it is stopped counts in this command's time, the rest in the next."""
         nonce = secrets.token_hex(8)
         on_cpu = clocked and self.gpu is None
         async with self._paused(worker):
             cpu_before = await asyncio.to_thread(_job_cpu_s, worker) if on_cpu else 0.0
+            held = self.held.pop(worker.proc.pid, None)
+            if held is not None:
+                await asyncio.to_thread(_resume, worker, held)
             sent_at = time.monotonic()
             await worker.send({**command, "nonce": nonce})
             event = await worker.expect({reply, "error"}, self.deadline)
             wall_s = clocked_s = time.monotonic() - sent_at
+            if hold and event is not None and event["event"] == reply:
+                # One scan of the job's processes both stops them and reads their clocks.
+                stopped, cpu_after = await asyncio.to_thread(_stop_and_clock, worker)
+                self.held[worker.proc.pid] = stopped
+            elif on_cpu:
+                cpu_after = await asyncio.to_thread(_job_cpu_s, worker)
             if on_cpu:
-                used = await asyncio.to_thread(_job_cpu_s, worker) - cpu_before
-                clocked_s = used / self.settings.threads_per_worker
+                clocked_s = (cpu_after - cpu_before) / self.settings.threads_per_worker
         if event is None and time.monotonic() >= self.deadline:
             raise CandidateFailure  # the evaluation's time ran out (the verdict says so), whoever was running
         if worker is self.timer and (event is None or event["event"] == "error"):
@@ -906,6 +923,31 @@ def _job_cpu_s(worker: Worker) -> float:
         with contextlib.suppress(OSError):
             total += time.clock_gettime(((~proc.pid) << 3) | 2)  # the process's CPUCLOCK_SCHED clock id
     return total
+
+
+def _stop_and_clock(worker: Worker) -> tuple[list[int], float]:
+    """Stop every process of a worker's job (SIGSTOP); the pids stopped and their CPU seconds (as _job_cpu_s),
+    read once they are stopped."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(worker.proc.pid, signal.SIGSTOP)
+    stopped, total = [], 0.0
+    for proc in sandbox.processes_of(worker.uid, [worker.proc.pid]):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(proc.pid, signal.SIGSTOP)
+            stopped.append(proc.pid)
+    for pid in stopped:
+        with contextlib.suppress(OSError):
+            total += time.clock_gettime(((~pid) << 3) | 2)
+    return stopped, total
+
+
+def _resume(worker: Worker, pids: list[int]) -> None:
+    """SIGCONT what _stop_and_clock stopped: nothing of the job ran since, so no scan is needed."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(worker.proc.pid, signal.SIGCONT)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGCONT)
 
 
 def _signal_jobs(workers: list[Worker], signum: int) -> list[int]:

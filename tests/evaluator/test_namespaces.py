@@ -368,3 +368,21 @@ def test_strict_probe_of_root_without_capabilities_says_no():
     assert service.returncode != 0, out[-2000:]
     assert "EVALUATOR_ISOLATION=strict does not work here" in out and "SYS_ADMIN" in out, out[-2000:]
     assert "PermissionError" not in out, out[-2000:]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+def test_service_as_root_refuses_process_isolation():
+    """`process` isolation changes no uid: as root its candidates would run as root (read the service's secrets,
+    signal every process), so the service does not start."""
+    service = subprocess.run(
+        [sys.executable, "-m", "services.evaluator", "--port", "1"],
+        cwd=REPO,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "EVALUATOR_ISOLATION": "process"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    out = service.stdout + service.stderr
+    assert service.returncode != 0, out[-2000:]
+    assert "process isolation would run candidates as root" in out, out[-2000:]
