@@ -918,10 +918,15 @@ def _hand_over(worker: Worker, reference: ReferenceData, trials: range) -> None:
 def _job_cpu_s(worker: Worker) -> float:
     """CPU seconds used so far by the processes of a worker's job, every thread counted (those that exited too),
     read from the kernel's per-process CPU clocks."""
+    return _cpu_clocks_s([proc.pid for proc in sandbox.processes_of(worker.uid, [worker.proc.pid])])
+
+
+def _cpu_clocks_s(pids: list[int]) -> float:
+    """The sum of the processes' CPU clocks (every thread, those that exited too), in seconds."""
     total = 0.0
-    for proc in sandbox.processes_of(worker.uid, [worker.proc.pid]):
+    for pid in pids:
         with contextlib.suppress(OSError):
-            total += time.clock_gettime(((~proc.pid) << 3) | 2)  # the process's CPUCLOCK_SCHED clock id
+            total += time.clock_gettime(((~pid) << 3) | 2)  # the process's CPUCLOCK_SCHED clock id
     return total
 
 
@@ -930,15 +935,12 @@ def _stop_and_clock(worker: Worker) -> tuple[list[int], float]:
     read once they are stopped."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(worker.proc.pid, signal.SIGSTOP)
-    stopped, total = [], 0.0
+    stopped = []
     for proc in sandbox.processes_of(worker.uid, [worker.proc.pid]):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(proc.pid, signal.SIGSTOP)
             stopped.append(proc.pid)
-    for pid in stopped:
-        with contextlib.suppress(OSError):
-            total += time.clock_gettime(((~pid) << 3) | 2)
-    return stopped, total
+    return stopped, _cpu_clocks_s(stopped)
 
 
 def _resume(worker: Worker, pids: list[int]) -> None:
