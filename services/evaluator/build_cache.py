@@ -13,6 +13,7 @@ Service side: `parse_request()`, `cache_key()`, `cached_library()`, `publish()`.
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import importlib.util
@@ -40,6 +41,8 @@ PUBLISHED_SUFFIXES = (".so", ".cpp", ".cu", ".h", ".cuh")
 # A built library is a few MiB (one arch, no debug info); a cap far above that still bounds what one evaluation can
 # leave in the shared cache (MAX_BUILDS of them, kept across restarts) and what the service reads into memory.
 MAX_ARTIFACT_BYTES = 64 << 20
+# Errors reading a builder's output that only the candidate's files cause (a symlink, a missing or foreign file).
+CANDIDATE_FILE_ERRORS = frozenset({errno.ELOOP, errno.ENOTDIR, errno.ENOENT, errno.EACCES, errno.EPERM})
 # Most extension builds one evaluation may ask for, and the size of one request's arguments.
 MAX_BUILDS = 8
 MAX_REQUEST_BYTES = 2 << 20
@@ -152,8 +155,6 @@ def parse_request(event: dict[str, Any], device: str) -> tuple[str, dict[str, An
 
 def publish(cache_dir: Path, builder_root: Path, builder_uid: int | None, key: str, files: list[str]) -> Path:
     """Copy the builder's output (its process tree is dead) into the cache under `key`, atomically."""
-    from services.evaluator.safe_files import read_file_beneath
-
     name = f"{library_name(key)}.so"
     target = cache_dir / key
     if target.exists():
@@ -164,7 +165,7 @@ def publish(cache_dir: Path, builder_root: Path, builder_uid: int | None, key: s
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=cache_dir))
     try:
         for filename in sorted(wanted):
-            data = read_file_beneath(builder_root, f"home/build/{filename}", MAX_ARTIFACT_BYTES, builder_uid)
+            data = _read_output(builder_root, filename, builder_uid)
             (staging / filename).write_bytes(data)
             os.chmod(staging / filename, 0o644)
         os.chmod(staging, 0o755)
@@ -177,6 +178,20 @@ def publish(cache_dir: Path, builder_root: Path, builder_uid: int | None, key: s
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target / name
+
+
+def _read_output(builder_root: Path, filename: str, builder_uid: int | None) -> bytes:
+    """A file the builder left. What is wrong with it (past the size cap, a link where a file should be, a file it
+    named and removed) is the candidate's doing: its build failed, not the evaluator. A full or failing disk of the
+    service's stays the service's error."""
+    from services.evaluator.safe_files import read_file_beneath
+
+    try:
+        return read_file_beneath(builder_root, f"home/build/{filename}", MAX_ARTIFACT_BYTES, builder_uid)
+    except (ValueError, OSError) as error:
+        if isinstance(error, OSError) and error.errno not in CANDIDATE_FILE_ERRORS:
+            raise
+        raise BuildRequestError(f"the build's output was refused: {error}") from error
 
 
 def _publish_binding(cache_dir: Path, builder_root: Path, builder_uid: int | None, key: str, files: list[str]) -> None:

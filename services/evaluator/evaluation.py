@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import hashlib
 import logging
 import math
@@ -58,8 +57,6 @@ UNEXPLAINED_SLACK_S = 0.0002
 JITTER_FACTOR = 3.0
 CLOCKED_SHARE = 0.10
 UNEXPLAINED_Z = 3.09
-# Errors reading a builder's output that only the candidate's files cause (a symlink, a missing or foreign file).
-CANDIDATE_FILE_ERRORS = frozenset({errno.ELOOP, errno.ENOTDIR, errno.ENOENT, errno.EACCES, errno.EPERM})
 # Timing rounds: while the judge's noise is too large against the candidate's blocks, the next round has longer
 # blocks; an implausible-timing flag stands only in the last round it reaches.
 TIMING_ROUNDS = 3
@@ -448,22 +445,14 @@ class Judge:
                     detail = event.get("message", "") if event else f"the build {outcome.describe_exit()}"
                     raise build_cache.BuildRequestError(str(detail)[-20_000:])
                 files = event.get("files")
-                try:
-                    return await asyncio.to_thread(
-                        build_cache.publish,
-                        self.settings.cache_dir,
-                        builder.root,
-                        builder.uid,
-                        key,
-                        files if isinstance(files, list) else [],
-                    )
-                except (ValueError, OSError) as error:
-                    # What the build left is the candidate's doing (a library past the size cap, a link where a
-                    # file should be, a file it named and removed): its build failed, not the evaluator. A full
-                    # or failing disk of the service's stays the service's error.
-                    if isinstance(error, OSError) and error.errno not in CANDIDATE_FILE_ERRORS:
-                        raise
-                    raise build_cache.BuildRequestError(f"the build's output was refused: {error}") from error
+                return await asyncio.to_thread(
+                    build_cache.publish,
+                    self.settings.cache_dir,
+                    builder.root,
+                    builder.uid,
+                    key,
+                    files if isinstance(files, list) else [],
+                )
 
     def _extend(self, phase: str, seconds: float) -> None:
         """Time the candidate waited for the service (a build slot, the GPU) is added to its deadline."""
