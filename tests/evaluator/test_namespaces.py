@@ -346,26 +346,7 @@ def test_strict_probe_of_root_without_capabilities_says_no():
         check=False,
     )
     assert probe.returncode == 0 and probe.stdout.strip() == "False", probe.stdout + probe.stderr
-    service = subprocess.run(
-        [
-            "setpriv",
-            "--bounding-set=-all",
-            "--inh-caps=-all",
-            sys.executable,
-            "-m",
-            "services.evaluator",
-            "--port",
-            "1",
-        ],
-        cwd=REPO,
-        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "EVALUATOR_ISOLATION": "strict"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    out = service.stdout + service.stderr
-    assert service.returncode != 0, out[-2000:]
+    out = refused_start(["setpriv", "--bounding-set=-all", "--inh-caps=-all"], "strict")
     assert "EVALUATOR_ISOLATION=strict does not work here" in out and "SYS_ADMIN" in out, out[-2000:]
     assert "PermissionError" not in out, out[-2000:]
 
@@ -374,10 +355,16 @@ def test_strict_probe_of_root_without_capabilities_says_no():
 def test_service_as_root_refuses_process_isolation():
     """`process` isolation changes no uid: as root its candidates would run as root (read the service's secrets,
     signal every process), so the service does not start."""
+    out = refused_start([], "process")
+    assert "process isolation would run candidates as root" in out, out[-2000:]
+
+
+def refused_start(prefix: list[str], isolation: str) -> str:
+    """The output of `python -m services.evaluator` (behind `prefix`) asked for `isolation`; it must not start."""
     service = subprocess.run(
-        [sys.executable, "-m", "services.evaluator", "--port", "1"],
+        [*prefix, sys.executable, "-m", "services.evaluator", "--port", "1"],
         cwd=REPO,
-        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "EVALUATOR_ISOLATION": "process"},
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "EVALUATOR_ISOLATION": isolation},
         capture_output=True,
         text=True,
         timeout=300,
@@ -385,4 +372,4 @@ def test_service_as_root_refuses_process_isolation():
     )
     out = service.stdout + service.stderr
     assert service.returncode != 0, out[-2000:]
-    assert "process isolation would run candidates as root" in out, out[-2000:]
+    return out
