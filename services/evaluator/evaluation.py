@@ -922,13 +922,7 @@ def _cpu_clocks_s(pids: list[int]) -> float:
 def _stop_and_clock(worker: Worker) -> tuple[list[int], float]:
     """Stop every process of a worker's job (SIGSTOP); the pids stopped and their CPU seconds (as _job_cpu_s),
     read once they are stopped."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(worker.proc.pid, signal.SIGSTOP)
-    stopped = []
-    for proc in sandbox.processes_of(worker.uid, [worker.proc.pid]):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(proc.pid, signal.SIGSTOP)
-            stopped.append(proc.pid)
+    stopped = _signal_jobs([worker], signal.SIGSTOP)
     return stopped, _cpu_clocks_s(stopped)
 
 
