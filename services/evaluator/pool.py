@@ -168,10 +168,26 @@ class Worker:
         return ""
 
 
+# Deepest nesting of lists and dicts in a worker's event (a block digest nests 4 deep).
+MAX_EVENT_DEPTH = 32
+
+
 def _bounded_int(text: str) -> int | float:
     """A JSON integer; one too large for a float (which no honest reply carries) reads as infinity, so every
     check of a number's finiteness rejects it instead of raising OverflowError."""
     return int(text) if len(text.lstrip("-")) <= 300 else math.inf
+
+
+def _nested_deeper(value: Any, limit: int) -> bool:
+    """Whether lists and dicts in `value` nest more than `limit` deep (walked without recursion)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, list | dict):
+            if depth >= limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
 
 
 async def _read_events(worker: Worker, reader: asyncio.StreamReader) -> None:
@@ -188,6 +204,11 @@ async def _read_events(worker: Worker, reader: asyncio.StreamReader) -> None:
             try:
                 event = json.loads(line, parse_int=_bounded_int)
             except (ValueError, RecursionError):  # a line nested 200,000 deep must not end the reader
+                worker.events.append({"event": "flood", "received_at": time.monotonic()})
+                continue
+            if _nested_deeper(event, MAX_EVENT_DEPTH):
+                # Parsed here, near the bottom of the stack, a value nested ~1000 deep still raises RecursionError
+                # wherever the judge later prints or walks it (an error message): a flood, never evaluator_error.
                 worker.events.append({"event": "flood", "received_at": time.monotonic()})
                 continue
             # Only events named by a string reach the judge: any other name (a list, a dict) would make its

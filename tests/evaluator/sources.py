@@ -259,3 +259,11 @@ if not STALE:
 return STALE[0]""",
     prelude="MS = None\nCALLS, STALE = [], []\n" + _REWRITE_REPLIES,
 )
+
+# A wrong answer whose `error` event carries a message nested ~975 deep: parsed at the reader's shallow stack, it
+# raised RecursionError where the verdict printed it (evaluator_error, no reward, at the candidate's choice).
+DEEP_ERROR_MESSAGE_WRONG = candidate(
+    "return x * self.scale",
+    prelude='import os\nFORGED = b\'{"event": "error", "stage": "run", "message": \' + b\'[\' * 975 + b\']\' * 975'
+    " + b'}\\n'\n" + _FORGE,
+)

@@ -27,6 +27,12 @@ CASES = {
     "forged_result_then_exit": (sources.FORGED_RESULT_THEN_EXIT, "crashed", "without a result", []),
     "unhashable_event_wrong": (sources.UNHASHABLE_EVENT_WRONG, "incorrect", "differs", []),
     "overflowing_ms": (sources.OVERFLOWING_MS, "rejected", "malformed timing reply", ["result_tampering"]),
+    "deep_error_message_wrong": (
+        sources.DEEP_ERROR_MESSAGE_WRONG,
+        "rejected",
+        "channel was flooded",
+        ["result_tampering"],
+    ),
     "stale_then_forged_error": (sources.STALE_THEN_FORGED_ERROR, "rejected", "stale_output", ["stale_output"]),
 }
 
