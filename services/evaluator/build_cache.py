@@ -27,7 +27,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -55,6 +57,18 @@ _expected_bindings: dict[str, str] = {}
 
 class BuildRequestError(ValueError):
     """A build request the service refuses; the candidate's import fails with this message."""
+
+
+@dataclass
+class BuiltExtension:
+    """What the builder made of one request: the files to publish, whether the light CUDA header was used, the
+    build path, and the seconds of each part it timed (split parts by ninja's log, `split_discarded` for a split
+    thrown away, `whole` for load_inline's build)."""
+
+    files: list[str]
+    light_headers: bool
+    build_path: str
+    parts_s: dict[str, float]
 
 
 def build_flags(device: str) -> dict[str, list[str]]:
@@ -285,18 +299,20 @@ def _copy_lists(arguments: dict[str, Any]) -> dict[str, Any]:
     return {name: list(value) if isinstance(value, list) else value for name, value in arguments.items()}
 
 
-def build(job: dict[str, Any], build_dir: Path, device: str, cache_dir: Path) -> tuple[list[str], bool]:
-    """Builder side: compile one request into `build_dir` without loading it; the files to publish, and whether
-    the light CUDA header was used."""
+def build(job: dict[str, Any], build_dir: Path, device: str, cache_dir: Path) -> BuiltExtension:
+    """Builder side: compile one request into `build_dir` without loading it."""
     import torch.utils.cpp_extension as cpp_extension
 
     kind, arguments = job["kind"], dict(job["arguments"])
     name = library_name(job["key"])
     split_binding = arguments.pop(SPLIT_ARGUMENT, None)
+    parts: dict[str, float] = {}
     if split_binding is not None and kind == "load_inline" and device == "cuda":
-        files = _split(arguments, build_dir, name, cache_dir, device, str(split_binding))
-        if files is not None:
-            return files, True
+        started = time.monotonic()
+        split = _split(arguments, build_dir, name, cache_dir, device, str(split_binding))
+        if split is not None:
+            return split
+        parts["split_discarded"] = time.monotonic() - started
     if kind == "load":
         source_dir = build_dir.parent / "sources"
         source_dir.mkdir(exist_ok=True)
@@ -313,19 +329,22 @@ def build(job: dict[str, Any], build_dir: Path, device: str, cache_dir: Path) ->
     # Never load what was built: a library's static initialisers are candidate code.
     importer = cpp_extension._import_module_from_library
     cpp_extension._import_module_from_library = lambda module_name, path, is_python_module: path
+    started = time.monotonic()
     try:
         light = compile_extension(original, arguments, kind, device, build_dir)
     finally:
         cpp_extension._import_module_from_library = importer
-    return [p.name for p in build_dir.iterdir() if p.is_file() and p.suffix in PUBLISHED_SUFFIXES], light
+    parts["whole"] = time.monotonic() - started
+    files = [p.name for p in build_dir.iterdir() if p.is_file() and p.suffix in PUBLISHED_SUFFIXES]
+    return BuiltExtension(files, light, "fallback" if split_binding is not None else "whole", parts)
 
 
 def _split(
     arguments: dict[str, Any], build_dir: Path, name: str, cache_dir: Path, device: str, expected: str
-) -> list[str] | None:
+) -> BuiltExtension | None:
     """A split build (split_build.py), or None after any failure: the whole build then decides the verdict."""
     try:
-        files, binding = split_build.build(
+        split = split_build.build(
             _copy_lists(arguments), build_dir, name, cache_dir, build_flags(device)["extra_cflags"]
         )
     except Exception as error:  # a split that fails in any way only costs time
@@ -333,10 +352,10 @@ def _split(
         shutil.rmtree(build_dir)
         build_dir.mkdir()
         return None
-    published = [f for f in files if f.endswith(PUBLISHED_SUFFIXES)]
-    if binding == expected and f"split_binding_{binding}.o" in files:
-        published.append(f"split_binding_{binding}.o")
-    return published
+    published = [f for f in split.files if f.endswith(PUBLISHED_SUFFIXES)]
+    if split.binding_key == expected and f"split_binding_{expected}.o" in split.files:
+        published.append(f"split_binding_{expected}.o")
+    return BuiltExtension(published, True, "split", {f"split_{part}": s for part, s in split.parts_s.items()})
 
 
 def compile_extension(

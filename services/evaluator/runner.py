@@ -354,8 +354,11 @@ def run_build(context: WorkerContext, job: dict[str, Any]) -> None:
     with contextlib.suppress(FileExistsError):
         (context.home / "build").mkdir()
     try:
-        files, light = build_cache.build(job, context.home / "build", context.backend.name, context.cache_dir)
+        built = build_cache.build(job, context.home / "build", context.backend.name, context.cache_dir)
     except BaseException as error:
         context.emit("error", stage="compile", message=f"{type(error).__name__}: {error}")
         return
-    context.emit("built", files=files, light_headers=light)
+    context.emit(
+        "built", files=built.files, light_headers=built.light_headers, build_path=built.build_path,
+        parts_s=built.parts_s,
+    )  # fmt: skip

@@ -34,6 +34,7 @@ import re
 import signal
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,8 @@ DEVICE_PRELUDE = """\
 #include <type_traits>
 #include <utility>
 """
+# The parts of a split build its ninja file compiles: split_<part>*.o objects, and the link of the library.
+NINJA_PARTS = frozenset({"device", "host", "stub", "binding", "link"})
 LIGHT_HEADERS = "#include <c10/util/Half.h>\n#include <c10/util/BFloat16.h>\n"
 
 
@@ -403,23 +406,49 @@ def run_ninja(build_dir: Path, targets: list[str], timeout_s: float = BUILD_TIME
         raise RuntimeError(f"split build failed:\n{stdout[-20000:]}{stderr[-5000:]}")
 
 
-def build(
-    arguments: dict[str, Any], build_dir: Path, name: str, cache_dir: Path, base_cflags: list[str]
-) -> tuple[list[str], str]:
-    """Split-build `load_inline(**arguments)` into `build_dir/<name>.so` without loading it; (the files in
-    `build_dir`, the binding's key).
+@dataclass
+class SplitBuild:
+    """What a split build left: the files in its directory, its binding's key, and the seconds of each part."""
+
+    files: list[str]
+    binding_key: str
+    parts_s: dict[str, float]
+
+
+def build(arguments: dict[str, Any], build_dir: Path, name: str, cache_dir: Path, base_cflags: list[str]) -> SplitBuild:
+    """Split-build `load_inline(**arguments)` into `build_dir/<name>.so` without loading it.
 
     NotSplittable before anything is compiled, RuntimeError when a compile or the link fails: the caller then
     builds whole. A binding compiled here is left as `split_binding_<key>.o` for the service to publish (and is
     stored in the cache directly when the cache is writable, as it is for trusted callers)."""
+    started = time.monotonic()
     plan = make_plan(arguments)
     _, key = write_ninja(plan, build_dir, name, cache_dir, base_cflags)
+    parts = {"plan": time.monotonic() - started}
     run_ninja(build_dir, [])
+    parts.update(ninja_part_seconds(build_dir))
     compiled = build_dir / f"split_binding_{key}.o"
     if compiled.is_file() and os.access(cache_dir, os.W_OK):
         with contextlib.suppress(OSError):
             store_binding(cache_dir, key, compiled.read_bytes())
-    return [p.name for p in build_dir.iterdir() if p.is_file()], key
+    return SplitBuild([p.name for p in build_dir.iterdir() if p.is_file()], key, parts)
+
+
+def ninja_part_seconds(build_dir: Path) -> dict[str, float]:
+    """Seconds of each part of a split build (device, host, stub, binding, link), from the `.ninja_log` ninja
+    keeps beside build.ninja: start and end milliseconds per output. The parts overlap (ninja runs them in
+    parallel); a binding found in the cache is absent."""
+    seconds: dict[str, float] = {}
+    with contextlib.suppress(OSError):
+        for line in (build_dir / ".ninja_log").read_text().splitlines():
+            fields = line.split("\t")
+            if line.startswith("#") or len(fields) < 4 or not (fields[0].isdigit() and fields[1].isdigit()):
+                continue
+            output = Path(fields[3]).name
+            part = "link" if output.endswith(".so") else output.split(".")[0].removeprefix("split_").split("_")[0]
+            if part in NINJA_PARTS:
+                seconds[part] = max(0, int(fields[1]) - int(fields[0])) / 1e3
+    return seconds
 
 
 def expected_binding(arguments: dict[str, Any], base_cflags: list[str]) -> str | None:

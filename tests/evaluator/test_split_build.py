@@ -341,10 +341,11 @@ def test_a_failed_split_build_falls_back_to_the_whole_build(monkeypatch: pytest.
     monkeypatch.setattr(build_cache.pch, "find_pch", lambda *a, **k: None)
     (tmp_path / "build").mkdir()
     arguments = {"cpp_sources": "", "cuda_sources": "", "functions": ["f"], build_cache.SPLIT_ARGUMENT: "0" * 64}
-    files, _ = build_cache.build({"kind": "load_inline", "arguments": arguments, "key": "k" * 64}, tmp_path / "build",
-                                 "cuda", tmp_path / "cache")  # fmt: skip
+    built = build_cache.build({"kind": "load_inline", "arguments": arguments, "key": "k" * 64}, tmp_path / "build",
+                              "cuda", tmp_path / "cache")  # fmt: skip
     assert len(whole_builds) == 1 and build_cache.SPLIT_ARGUMENT not in whole_builds[0]
-    assert files == [f"{build_cache.library_name('k' * 64)}.so"]  # the split's files are gone
+    assert built.files == [f"{build_cache.library_name('k' * 64)}.so"]  # the split's files are gone
+    assert built.build_path == "fallback" and set(built.parts_s) == {"split_discarded", "whole"}
 
 
 # Real compiles: nvcc for the device file, g++ for the host file, as the split build's ninja file says. Only for
@@ -456,3 +457,20 @@ def test_a_split_build_past_its_time_is_stopped_with_its_compilers(tmp_path: Pat
         assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         pass
+
+
+def test_each_part_of_a_split_build_is_timed_from_ninjas_log(tmp_path: Path) -> None:
+    """The builder's part timings come from ninja's own log of the build it ran, not from any compiled code."""
+    (tmp_path / "build.ninja").write_text(
+        "rule slow\n  command = sleep 0.3 && touch $out\nrule quick\n  command = touch $out\n"
+        "build split_device.cuda.o: slow\nbuild split_host.o: quick\nbuild split_binding_" + "a" * 64 + ".o: quick\n"
+        "build ext_k.so: slow split_device.cuda.o split_host.o\nbuild other.o: quick\n"
+    )
+    split_build.run_ninja(tmp_path, [])
+    parts = split_build.ninja_part_seconds(tmp_path)
+    assert set(parts) == {"device", "host", "binding", "link"}
+    assert parts["device"] >= 0.3 and parts["link"] >= 0.3 and parts["host"] < 0.3
+    (tmp_path / ".ninja_log").write_text("# ninja log v5\nnot\ta\tline\n12\t7\t0\tsplit_stub.o\th\n")
+    assert split_build.ninja_part_seconds(tmp_path) == {"stub": 0.0}
+    (tmp_path / ".ninja_log").unlink()
+    assert split_build.ninja_part_seconds(tmp_path) == {}

@@ -38,16 +38,16 @@ def _builder(path: str, cache_dir: Path, build_root: Path, report: dict[str, Any
         key = build_cache.cache_key(kind, parsed, build_cache.device_arch("cuda"))
         build_dir = build_root / path / key
         build_dir.mkdir(parents=True, exist_ok=True)
-        tried = build_cache.SPLIT_ARGUMENT in parsed
+        # A build that raises was decided by the whole build: after a split that failed, or without one.
+        report["build_path"] = "fallback" if build_cache.SPLIT_ARGUMENT in parsed else "whole"
         started = time.perf_counter()
         stand_in, cpp_extension.load_inline = cpp_extension.load_inline, original
         try:
-            build_cache.build({"kind": kind, "arguments": parsed, "key": key}, build_dir, "cuda", cache_dir)
+            built = build_cache.build({"kind": kind, "arguments": parsed, "key": key}, build_dir, "cuda", cache_dir)
+            report["build_path"], report["parts_s"] = built.build_path, built.parts_s
         finally:
             cpp_extension.load_inline = stand_in
             report["build_s"] = round(time.perf_counter() - started, 2)
-            split = (build_dir / "split_device.cu").exists()
-            report["build_path"] = "split" if split else ("fallback" if tried else "whole")
         name = build_cache.library_name(key)
         return build_cache._load_library(build_dir / f"{name}.so", name, True)
 

@@ -55,10 +55,10 @@ def _load(tmp_path: Path, source: str) -> tuple[Any, dict[str, Any]]:
     key = build_cache.cache_key(kind, arguments, build_cache.device_arch("cuda"))
     build_dir = tmp_path / "build" / key
     build_dir.mkdir(parents=True)
-    files, light = build_cache.build({"kind": kind, "arguments": arguments, "key": key}, build_dir, "cuda", cache)
+    built = build_cache.build({"kind": kind, "arguments": arguments, "key": key}, build_dir, "cuda", cache)
     name = build_cache.library_name(key)
-    assert f"{name}.so" in files  # the name the cache publishes and looks up
-    return build_cache._load_library(build_dir / f"{name}.so", name, True), {"light_headers": light}
+    assert f"{name}.so" in built.files  # the name the cache publishes and looks up
+    return build_cache._load_library(build_dir / f"{name}.so", name, True), {"light_headers": built.light_headers}
 
 
 def test_typical_wrapper_builds_against_the_light_header(tmp_path: Path) -> None:
