@@ -8,7 +8,7 @@ and publishes it into the cache atomically. The candidate's process then loads t
 read-only. What a candidate's process says about keys, digests or files counts for nothing.
 
 Worker side: `install()` (the candidate's stand-in for load_inline/load) and `build()` (the builder).
-Service side: `parse_request()`, `cache_key()`, `cached_library()`, `publish()`.
+Service side: `parse_request()`, `cache_key()`, `cached_library()`, `publish()`, `recorded_build_path()`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import importlib.util
 import inspect
 import json
 import logging
+import math
 import os
 import platform
 import re
@@ -53,10 +54,26 @@ _SOURCE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 # the binding object the builder will compile, which the service alone may publish into the binding cache.
 SPLIT_ARGUMENT = "split_build"
 _expected_bindings: dict[str, str] = {}
+# How a library was built: `split` (split_build.py), `whole` (load_inline's own build), or `fallback` (a split was
+# asked for and the whole build decided). The service writes it beside each library it publishes.
+BUILD_RECORD = "build.json"
+# Parts of a build the builder times (BuiltExtension.parts_s), reported as `build_<part>` phases.
+BUILD_PARTS = frozenset(
+    {"whole", "split_plan", "split_device", "split_host", "split_stub", "split_binding", "split_link",
+     "split_discarded"}
+)  # fmt: skip
 
 
 class BuildRequestError(ValueError):
     """A build request the service refuses; the candidate's import fails with this message."""
+
+
+class BuildFailedError(BuildRequestError):
+    """A build that ran and left no library to load; `build_path` says which path decided it."""
+
+    def __init__(self, message: str, build_path: str) -> None:
+        super().__init__(message)
+        self.build_path = build_path
 
 
 @dataclass
@@ -140,8 +157,10 @@ def _is_data(value: Any) -> bool:
     return False
 
 
-def parse_request(event: dict[str, Any], device: str) -> tuple[str, dict[str, Any]]:
-    """The (kind, arguments) of a candidate's build request, checked as data and with our flags merged in."""
+def parse_request(event: dict[str, Any], device: str, allow_split: bool = True) -> tuple[str, dict[str, Any]]:
+    """The (kind, arguments) of a candidate's build request, checked as data and with our flags merged in. With
+    split builds enabled and `allow_split`, a CUDA `load_inline` the splitter understands asks for a split build
+    (SPLIT_ARGUMENT), which also gives it a cache key of its own: a whole build is never served a split library."""
     import torch.utils.cpp_extension as cpp_extension
 
     kind, arguments = event.get("kind"), event.get("arguments")
@@ -160,15 +179,18 @@ def parse_request(event: dict[str, Any], device: str) -> tuple[str, dict[str, An
         arguments.pop("sources", None)
     arguments = {name: value for name, value in arguments.items() if name not in NON_KEY_ARGS}
     _merge_flags(arguments, device)
-    if kind == "load_inline" and device == "cuda" and split_build.enabled():
+    if allow_split and kind == "load_inline" and device == "cuda" and split_build.enabled():
         binding = split_build.expected_binding(arguments, build_flags(device)["extra_cflags"])
         if binding is not None:
             arguments[SPLIT_ARGUMENT] = binding
     return kind, arguments
 
 
-def publish(cache_dir: Path, builder_root: Path, builder_uid: int | None, key: str, files: list[str]) -> Path:
-    """Copy the builder's output (its process tree is dead) into the cache under `key`, atomically."""
+def publish(
+    cache_dir: Path, builder_root: Path, builder_uid: int | None, key: str, files: list[str], build_path: str
+) -> Path:
+    """Copy the builder's output (its process tree is dead) into the cache under `key`, atomically, with the record
+    of its build path (BUILD_RECORD, written by the service: no builder file of that name is published)."""
     name = f"{library_name(key)}.so"
     target = cache_dir / key
     if target.exists():
@@ -182,6 +204,8 @@ def publish(cache_dir: Path, builder_root: Path, builder_uid: int | None, key: s
             data = _read_output(builder_root, filename, builder_uid)
             (staging / filename).write_bytes(data)
             os.chmod(staging / filename, 0o644)
+        (staging / BUILD_RECORD).write_text(json.dumps({"build_path": build_path}))
+        os.chmod(staging / BUILD_RECORD, 0o644)
         os.chmod(staging, 0o755)
         _publish_binding(cache_dir, builder_root, builder_uid, key, files)
         try:
@@ -192,6 +216,39 @@ def publish(cache_dir: Path, builder_root: Path, builder_uid: int | None, key: s
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target / name
+
+
+def recorded_build_path(cache_dir: Path, key: str, split_asked: bool) -> str:
+    """The build path of the library published under `key`. A key asked for no split is a whole build whatever its
+    record says; a split key's library without a readable record (published before records were kept) counts as
+    split, so a verdict it could have caused is still checked with a whole build."""
+    if not split_asked:
+        return "whole"
+    try:
+        recorded = json.loads((cache_dir / key / BUILD_RECORD).read_text()).get("build_path")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    return recorded if recorded in ("split", "fallback") else "split"
+
+
+def reported_build_path(claimed: Any, split_asked: bool) -> str:
+    """The builder's account of its path, within what the service asked for: no split asked, a whole build; a
+    split asked, `fallback` only when the builder says the whole build decided, otherwise split."""
+    if not split_asked:
+        return "whole"
+    return "fallback" if claimed == "fallback" else "split"
+
+
+def reported_parts(reported: Any, builder_s: float) -> dict[str, float]:
+    """The builder's seconds per part of its build: known part names only, each a finite number between 0 and
+    the builder's time by the service's clock."""
+    if not isinstance(reported, dict):
+        return {}
+    return {
+        part: min(max(0.0, float(seconds)), builder_s)
+        for part, seconds in reported.items()
+        if part in BUILD_PARTS and isinstance(seconds, int | float) and math.isfinite(seconds)
+    }
 
 
 def _read_output(builder_root: Path, filename: str, builder_uid: int | None) -> bytes:

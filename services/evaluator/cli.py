@@ -103,6 +103,7 @@ def verdict_table(result: EvaluationResult) -> str:
         ("max rel error", _num(result.max_rel_error, ".3g")),
         ("flags", ", ".join(result.flags) or "-"),
         ("cache hit", str(result.cache_hit).lower()),
+        ("build path", result.build_path or "-"),
         ("device", result.device or "-"),
         ("torch", result.torch_version or "-"),
         ("seed", "-" if result.seed is None else str(result.seed)),

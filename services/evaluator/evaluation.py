@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from cachetools import LRUCache
 
-from services.evaluator import build_cache, gpu_checks, output_digest, sandbox
+from services.evaluator import build_cache, gpu_checks, output_digest, sandbox, split_build
 from services.evaluator.backends import BACKENDS, get_backend, resolve_device
 from services.evaluator.compare import Comparison, compare_outputs, load_data
 from services.evaluator.config import HACK_FLAGS, Settings
@@ -36,7 +36,7 @@ from services.evaluator.pool import QueueFullError, Worker, WorkerPool, WorkerSt
 from services.evaluator.safe_files import open_beneath, read_file_beneath
 from services.evaluator.sandbox import write_readonly_file
 from services.evaluator.static_checks import check_candidate, reference_problems
-from services.evaluator.verdict import CandidateRun, TimingResult, candidate_result, truncate
+from services.evaluator.verdict import CandidateRun, TimingResult, candidate_result, needs_whole_rebuild, truncate
 from shared.contracts import EvaluateRequest, EvaluationResult, EvaluationStatus
 
 log = logging.getLogger(__name__)
@@ -169,9 +169,13 @@ class Evaluator:
             deadline = started + (request.timeout_s or self.settings.default_timeout_s)
             reference = await self._reference(request, device, seed, deadline)
             phases = {"queued": started - queued_at, "reference": time.monotonic() - started}
-            judge = Judge(self, request, device, seed, deadline, reference, check.flags)
+            judge = Judge(self, request, device, seed, deadline, reference, check.flags, split_build.enabled())
+            judged_at = time.monotonic()
             run = await judge.run()
-        result = candidate_result(run, self.settings.reject_flags, self.settings.message_chars)
+            result = candidate_result(run, self.settings.reject_flags, self.settings.message_chars)
+            if needs_whole_rebuild(result):
+                phases["split_run"] = time.monotonic() - judged_at
+                result, run = await self._rebuild_whole(judge, result, run)
         return result.model_copy(
             update={
                 "device": reference.device,
@@ -179,6 +183,30 @@ class Evaluator:
                 "phases_s": {name: round(seconds, 4) for name, seconds in {**phases, **run.phases}.items()},
             }
         )
+
+    async def _rebuild_whole(
+        self, split_judge: Judge, split_result: EvaluationResult, split_run: CandidateRun
+    ) -> tuple[EvaluationResult, CandidateRun]:
+        """Evaluate a split-built candidate again with every extension built whole, in what is left of the
+        request's time (the split run's deadline, its waits for build slots and the GPU added); the final result
+        and the run it came from. The whole run's verdict is final, with `build_path` `fallback`, unless the time
+        ran out: none left to start it, or the whole run hit the limit after the split run took part of it (on its
+        own it would have had all of it). Then the evaluator cannot tell the candidate's failure from the split
+        build's, and says so: `evaluator_error`, which carries no reward."""
+        if time.monotonic() >= split_judge.deadline:
+            why = "the split-built run used up the time limit, leaving none for a whole build"
+            return _unconfirmed(split_result, why, self.settings.message_chars), split_run
+        whole_judge = Judge(
+            self, split_judge.request, split_judge.device, split_judge.seed, split_judge.deadline,
+            split_judge.reference, split_run.static_flags, allow_split=False,
+        )  # fmt: skip
+        run = await whole_judge.run()
+        result = candidate_result(run, self.settings.reject_flags, self.settings.message_chars)
+        result = result.model_copy(update={"build_path": "fallback"})
+        if result.status is EvaluationStatus.timeout:
+            why = "the whole build's run reached the time limit, of which the split-built run had taken part"
+            return _unconfirmed(result, why, self.settings.message_chars), run
+        return result, run
 
     async def shared(self, key: str, compute: Callable[[], Any]) -> Any:
         """Await `compute()` once per key among concurrent callers (a cancelled first caller hands it on)."""
@@ -298,9 +326,12 @@ class Judge:
         deadline: float,
         reference: ReferenceData,
         static_flags: list[str],
+        allow_split: bool,
     ) -> None:
         self.evaluator, self.request, self.device, self.seed = evaluator, request, device, seed
         self.deadline, self.reference = deadline, reference
+        # Whether the candidate's extensions may take the split build (build_cache.parse_request).
+        self.allow_split = allow_split
         self.run_state = CandidateRun(static_flags=list(static_flags))
         self.pool, self.settings = evaluator.pool, evaluator.settings
         self.gpu = self.pool.placement(device)
@@ -413,46 +444,73 @@ class Judge:
         if self.builds > build_cache.MAX_BUILDS:
             return {"error": f"more than {build_cache.MAX_BUILDS} extension builds in one evaluation"}
         try:
-            kind, arguments = build_cache.parse_request(event, self.device)
+            kind, arguments = build_cache.parse_request(event, self.device, self.allow_split)
         except build_cache.BuildRequestError as error:
             return {"error": str(error)}
         arch = await asyncio.to_thread(build_cache.service_arch, self.device)
         key = build_cache.cache_key(kind, arguments, arch)
+        split_asked = build_cache.SPLIT_ARGUMENT in arguments
         cache_dir = self.settings.cache_dir
         path = build_cache.cached_library(cache_dir, key)
         if path is not None:
             self.run_state.cache_hits += 1
+            self.run_state.build_paths.append(build_cache.recorded_build_path(cache_dir, key, split_asked))
         else:
             try:
-                path = await self.evaluator.shared(f"build:{key}", lambda: self._run_builder(kind, arguments, key))
+                path, parts = await self.evaluator.shared(
+                    f"build:{key}", lambda: self._run_builder(kind, arguments, key, split_asked)
+                )
+            except build_cache.BuildFailedError as error:
+                self.run_state.build_paths.append(error.build_path)
+                return {"error": str(error)}
             except build_cache.BuildRequestError as error:
                 return {"error": str(error)}
+            self.run_state.build_paths.append(build_cache.recorded_build_path(cache_dir, key, split_asked))
+            for part, seconds in parts.items():
+                self.run_state.phases[f"build_{part}"] = self.run_state.phases.get(f"build_{part}", 0.0) + seconds
         return {"path": str(path), "name": build_cache.library_name(key)}
 
-    async def _run_builder(self, kind: str, arguments: dict[str, Any], key: str) -> Path:
-        """Compile in a builder worker of its own; the time spent waiting for a build slot is not the candidate's."""
+    async def _run_builder(
+        self, kind: str, arguments: dict[str, Any], key: str, split_asked: bool
+    ) -> tuple[Path, dict[str, float]]:
+        """Compile in a builder worker of its own; the library's path and the parts of the build the builder timed
+        (each at most the builder's time by the service's clock). The time spent waiting for a build slot is not
+        the candidate's. A build that left no library raises BuildFailedError with the path that decided it."""
         waited = time.monotonic()
         async with self.pool.build_slot():
             self._extend("build_queue", time.monotonic() - waited)
             path = build_cache.cached_library(self.settings.cache_dir, key)
             if path is not None:
-                return path
+                return path, {}
             async with self.pool.worker(self.device, self.gpu) as builder:
+                sent_at = time.monotonic()
                 await builder.send({"role": "build", "kind": kind, "arguments": arguments, "key": key})
                 event = await builder.expect({"built", "error"}, self.deadline)
+                builder_s = time.monotonic() - sent_at
                 outcome = await builder.finish(self.deadline)
                 if event is None or event["event"] != "built":
                     detail = event.get("message", "") if event else f"the build {outcome.describe_exit()}"
-                    raise build_cache.BuildRequestError(str(detail)[-20_000:])
+                    # A builder that answers has built whole after any split that failed; one that never answered
+                    # may have been stopped inside the split.
+                    decided = "fallback" if event is not None else "split"
+                    raise build_cache.BuildFailedError(
+                        str(detail)[-20_000:], build_cache.reported_build_path(decided, split_asked)
+                    )
+                build_path = build_cache.reported_build_path(event.get("build_path"), split_asked)
                 files = event.get("files")
-                return await asyncio.to_thread(
-                    build_cache.publish,
-                    self.settings.cache_dir,
-                    builder.root,
-                    builder.uid,
-                    key,
-                    files if isinstance(files, list) else [],
-                )
+                try:
+                    library = await asyncio.to_thread(
+                        build_cache.publish,
+                        self.settings.cache_dir,
+                        builder.root,
+                        builder.uid,
+                        key,
+                        files if isinstance(files, list) else [],
+                        build_path,
+                    )
+                except build_cache.BuildRequestError as error:
+                    raise build_cache.BuildFailedError(str(error), build_path) from error
+                return library, build_cache.reported_parts(event.get("parts_s"), builder_s)
 
     def _extend(self, phase: str, seconds: float) -> None:
         """Time the candidate waited for the service (a build slot, the GPU) is added to its deadline."""
@@ -965,6 +1023,19 @@ def _hand_over_one(worker: Worker, reference: ReferenceData, trial: int) -> bool
         return False
     finally:
         os.close(directory)
+
+
+def _unconfirmed(result: EvaluationResult, why: str, message_chars: int) -> EvaluationResult:
+    """A split-built run's failure that no whole build could check: evaluator_error, saying what was seen."""
+    message = f"the {result.status.value} verdict of a split-built run could not be checked with a whole build: {why}"
+    return result.model_copy(
+        update={
+            "status": EvaluationStatus.evaluator_error,
+            "correct": False,
+            "speedup": None,
+            "message": truncate(f"{message}\n{result.message}", message_chars),
+        }
+    )
 
 
 def _names(value: Any) -> set[str]:

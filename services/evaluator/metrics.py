@@ -33,6 +33,12 @@ class Metrics:
             "evaluator_queue_depth", "Evaluations waiting for a worker slot", registry=self.registry
         )
         self.running = Gauge("evaluator_running", "Evaluations running now", registry=self.registry)
+        self.build_paths = Counter(
+            "evaluator_build_paths",
+            "Evaluations that built extensions, by build path (see build_path)",
+            ["path"],
+            registry=self.registry,
+        )
         self.reference_runs = Counter(
             "evaluator_reference_runs",
             "Reference workers run (the reference's outputs for that seed neither cached nor being computed)",
@@ -50,5 +56,7 @@ class Metrics:
         self.latency.observe(result.duration_s)
         if result.cache_hit:
             self.cache_hits.inc()
+        if result.build_path is not None:
+            self.build_paths.labels(path=result.build_path).inc()
         for phase, seconds in result.phases_s.items():
             self.phase_seconds.labels(phase=phase).inc(seconds)  # the judge's clock: never negative

@@ -8,7 +8,21 @@ from typing import Any
 
 from services.evaluator.compare import Comparison
 from services.evaluator.pool import WorkerOutcome
-from shared.contracts import EvaluationResult, EvaluationStatus, TimingStats
+from shared.contracts import BuildPath, EvaluationResult, EvaluationStatus, TimingStats
+
+# Verdicts a split-built library could have caused (it fails to load, computes wrong, faults, hangs): with a split
+# build behind them they stand only once a whole build agrees (see needs_whole_rebuild). `rejected` is left out: its
+# flags are what the judge saw the candidate do, and a second run would be a second draw at the judge's random
+# checks. `evaluator_error` says nothing of the candidate.
+SPLIT_SENSITIVE = frozenset(
+    {
+        EvaluationStatus.compile_error,
+        EvaluationStatus.runtime_error,
+        EvaluationStatus.incorrect,
+        EvaluationStatus.timeout,
+        EvaluationStatus.crashed,
+    }
+)
 
 
 def truncate(text: str, limit: int) -> str:
@@ -72,6 +86,14 @@ class CandidateRun:
     compiled: bool = False
     cache_hits: int = 0
     timing_started: bool = False
+    # The build path of each library the candidate loaded or failed to build, by the service's record.
+    build_paths: list[str] = field(default_factory=list)
+
+    @property
+    def build_path(self) -> BuildPath | None:
+        """One split library makes the run split-built; else a fallback, if any; else whole; None without builds."""
+        order: tuple[BuildPath, ...] = ("split", "fallback", "whole")
+        return next((path for path in order if path in self.build_paths), None)
 
     def first(self, name: str) -> dict[str, Any] | None:
         return next((event for event in self.events if event.get("event") == name), None)
@@ -163,4 +185,11 @@ def candidate_result(run: CandidateRun, reject: frozenset[str], message_chars: i
         message=truncate(message, message_chars),
         device=timing.device if timing else "",
         cache_hit=run.cache_hits > 0,
+        build_path=run.build_path,
     )
+
+
+def needs_whole_rebuild(result: EvaluationResult) -> bool:
+    """Whether a verdict must be checked by evaluating the candidate again with every extension built whole: the
+    split build may only save time, never change a verdict."""
+    return result.build_path == "split" and result.status in SPLIT_SENSITIVE

@@ -4,6 +4,7 @@ from shared.contracts.common import ErrorResponse, HealthResponse
 from shared.contracts.evaluator import (
     MAX_BATCH_SIZE,
     MAX_SOURCE_BYTES,
+    BuildPath,
     Device,
     EvaluateBatchRequest,
     EvaluateBatchResponse,
@@ -28,6 +29,7 @@ __all__ = [
     "MAX_BATCH_SIZE",
     "MAX_SOURCE_BYTES",
     "MAX_SUGGESTION_CHARS",
+    "BuildPath",
     "Device",
     "ErrorResponse",
     "EvaluateBatchRequest",

@@ -13,6 +13,7 @@ MAX_SOURCE_BYTES = 256 * 1024
 MAX_BATCH_SIZE = 64
 
 Device = Literal["auto", "cpu", "cuda"]
+BuildPath = Literal["split", "whole", "fallback"]
 
 
 class EvaluationStatus(StrEnum):
@@ -111,6 +112,15 @@ class EvaluationResult(BaseModel):
     device: str = Field("", description="Device the evaluation ran on, e.g. `cpu` or `cuda:0 (NVIDIA H100)`.")
     torch_version: str = ""
     cache_hit: bool = Field(False, description="A compiled extension was reused from the build cache.")
+    build_path: BuildPath | None = Field(
+        None,
+        description=(
+            "How the candidate's extensions were built, by the service's own record: `whole` (load_inline's build), "
+            "`split` (the split CUDA build, and its verdict stood), `fallback` (a split was tried and a whole build "
+            "decided: the split failed to compile, or the split-built candidate failed and was evaluated again "
+            "built whole). Null when nothing was built (PyTorch or Triton candidates)."
+        ),
+    )
     duration_s: float = Field(0.0, description="Wall-clock time of the whole evaluation.")
     seed: int | None = Field(None, description="Seed the inputs were drawn with.")
     phases_s: dict[str, float] = Field(
@@ -119,7 +129,11 @@ class EvaluationResult(BaseModel):
             "Where the time went, in seconds: `queued` (waiting for a worker slot), `reference` (0 when cached), "
             "`startup` (taking a ready worker, handing over inputs), `build` (importing the candidate, compiling "
             "included), `correctness`, `compare`, `timing`, and `device_wait` (part of the last ones spent waiting "
-            "for the GPU). Phases a run did not reach are absent."
+            "for the GPU). Inside `build`, the parts of each extension build as the builder timed them: "
+            "`build_whole`, `build_split_plan`, `build_split_device`, `build_split_host`, `build_split_stub`, "
+            "`build_split_binding`, `build_split_link` (split parts overlap: they compile in parallel), "
+            "`build_split_discarded` (a split thrown away for the whole build). `split_run`: the split-built run "
+            "that a whole rebuild replaced. Phases a run did not reach are absent."
         ),
     )
 

@@ -26,10 +26,15 @@ def test_cpp_candidate_is_correct_then_cached(client: httpx.Client, build_cache_
     assert broken["message"].startswith("compiler errors:") and "expected primary-expression" in broken["message"]
     published = [p for p in build_cache_dir.iterdir() if len(p.name) == 64]
     assert len(published) == 1 and any(published[0].glob("*.so"))
+    # No split on a CPU: the builder's whole build, timed by the builder, recorded by the service.
+    assert first["build_path"] == broken["build_path"] == "whole"
+    assert 0 < first["phases_s"]["build_whole"] <= first["phases_s"]["build"]
+    assert (published[0] / "build.json").read_text() == '{"build_path": "whole"}'
 
     start = time.monotonic()
     second = evaluate(client, sources.CPP_CORRECT)
     assert second["status"] == "correct" and second["cache_hit"] is True, second["message"]
+    assert second["build_path"] == "whole" and "build_whole" not in second["phases_s"]
     assert first["cache_hit"] is False
     assert time.monotonic() - start < first["duration_s"] / 2
 

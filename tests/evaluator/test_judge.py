@@ -338,3 +338,4 @@ def test_timing_is_reported_per_block_of_calls(client: httpx.Client) -> None:
     assert result["reference_ms"]["n"] == result["candidate_ms"]["n"] == 12
     assert 0.2 < result["speedup"] < 5
     assert {"timing", "compare", "build"} <= set(result["phases_s"])
+    assert result["build_path"] is None  # a PyTorch candidate builds nothing

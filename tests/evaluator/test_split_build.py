@@ -303,7 +303,7 @@ def test_service_asks_for_a_split_only_when_enabled_and_publishes_only_the_expec
     for filename in (f"{name}.so", f"split_binding_{expected}.o", f"split_binding_{forged}.o"):
         (root / "home" / "build" / filename).write_bytes(filename.encode())
     files = [f"{name}.so", f"split_binding_{expected}.o", f"split_binding_{forged}.o"]
-    build_cache.publish(cache_dir, root, None, key, files)
+    build_cache.publish(cache_dir, root, None, key, files, "split")
     stored = split_build.cached_binding(cache_dir, expected)
     assert stored is not None and stored.read_bytes() == f"split_binding_{expected}.o".encode()
     assert split_build.cached_binding(cache_dir, forged) is None
@@ -318,7 +318,7 @@ def test_service_asks_for_a_split_only_when_enabled_and_publishes_only_the_expec
     (other_root / "home" / "build" / f"split_binding_{expected}.o").symlink_to("/etc/hostname")
     shutil.rmtree(cache_dir / split_build.BINDING_DIR)
     files = [f"{other_name}.so", f"split_binding_{expected}.o"]
-    assert build_cache.publish(cache_dir, other_root, None, other_key, files).read_bytes() == b"so"
+    assert build_cache.publish(cache_dir, other_root, None, other_key, files, "split").read_bytes() == b"so"
     assert split_build.cached_binding(cache_dir, expected) is None
 
 
