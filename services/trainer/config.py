@@ -69,6 +69,13 @@ class TrainConfig(BaseModel):
     """Nucleus sampling threshold of the policy."""
     max_new_tokens: int = 256
     """Longest suggestion in tokens."""
+    generation_backend: Literal["auto", "hf", "compiled"] = "auto"
+    """How suggestions are sampled. `hf`: transformers' generate on the LoRA-wrapped model (dynamic cache);
+    `compiled`: a copy of the model with the LoRA merged into its weights (refreshed before every call; the
+    trained weights are never touched), a static KV cache and a decode step compiled with CUDA graphs on a GPU
+    (uncompiled on CPU); `auto`: `compiled` on CUDA, `hf` on CPU. Both sample softmax(logits / temperature) cut
+    to top_p; `compiled` costs a compile at its first call (the benchmark reports how long) and memory for the
+    merged copy."""
     max_prompt_tokens: int = 2048
     """Prompt budget; kernel A is cut first, then kernel B, so the instruction always survives."""
     prompt_techniques: bool = False

@@ -16,6 +16,7 @@ import torch
 from trl.trainer.utils import entropy_from_logits, selective_log_softmax
 
 from services.trainer.config import ConfigError, TrainConfig
+from services.trainer.sampling import GenerationCopy, StaticCacheSampler, resolve_generation_backend
 
 log = logging.getLogger(__name__)
 
@@ -254,6 +255,10 @@ class Policy:
         self.model = model.to(device)
         self.forward_model: Any = self.model  # replaced by the DDP wrapper under several processes
         self.eos_ids = sorted({self.tokenizer.eos_token_id, *self._im_end()})
+        self.generation_backend = resolve_generation_backend(config.generation_backend, device)
+        # Built at the first compiled sampling call; held outside the model, so no optimizer or checkpoint sees it.
+        self.generation_copy: GenerationCopy | None = None
+        self.sampler: StaticCacheSampler | None = None
 
     def _im_end(self) -> list[int]:
         token = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -271,6 +276,43 @@ class Policy:
 
         `should_stop` (a stop request by signal) ends generation early; the caller then abandons the update.
         """
+        ids, mask = left_pad(prompts, self.tokenizer.pad_token_id)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        if self.generation_backend == "compiled":
+            new_tokens = self._sample_compiled(ids, mask, should_stop)
+        else:
+            new_tokens = self._sample_hf(ids, mask, should_stop)
+        results = []
+        for row in new_tokens.tolist():
+            ends = [i for i, token in enumerate(row) if token in self.eos_ids]
+            completion = row[: ends[0] + 1] if ends else row
+            text = self.tokenizer.decode(completion, skip_special_tokens=True).strip()
+            results.append((completion, text, bool(ends)))
+        return results
+
+    def _sample_compiled(
+        self, ids: torch.Tensor, mask: torch.Tensor, should_stop: Callable[[], bool] | None
+    ) -> torch.Tensor:
+        """The generation copy (LoRA merged, refreshed from the current weights), static cache, compiled step."""
+        if self.sampler is None:
+            self.generation_copy = GenerationCopy(self.model, self.compute_dtype, self.device)
+            self.sampler = StaticCacheSampler(self.generation_copy.model, compile=self.device.type == "cuda")
+        else:
+            assert self.generation_copy is not None
+            self.generation_copy.refresh()
+        return self.sampler.sample(
+            ids,
+            mask,
+            self.config.max_new_tokens,
+            self.config.temperature,
+            self.config.top_p,
+            self.eos_ids,
+            self.tokenizer.pad_token_id,
+            should_stop,
+        )
+
+    def _sample_hf(self, ids: torch.Tensor, mask: torch.Tensor, should_stop: Callable[[], bool] | None) -> torch.Tensor:
+        """transformers' generate on the policy model itself (adapters unmerged, dynamic cache)."""
         from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
         class StopRequested(StoppingCriteria):
@@ -278,8 +320,6 @@ class Policy:
                 stop = bool(should_stop and should_stop())
                 return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
 
-        pad = self.tokenizer.pad_token_id
-        ids, mask = left_pad(prompts, pad)
         # Only temperature and top-p shape the sampling distribution, as in the log-probs (top-p aside, as TRL).
         # transformers fills every field left None here from the model's own generation_config, so that one is
         # swapped out for the call (_neutral_generation_config): a repetition_penalty (Qwen2 Instruct ships 1.05-1.1)
@@ -290,25 +330,19 @@ class Policy:
             top_p=self.config.top_p,
             top_k=0,
             max_new_tokens=self.config.max_new_tokens,
-            pad_token_id=pad,
+            pad_token_id=self.tokenizer.pad_token_id,
             eos_token_id=self.eos_ids,
         )
         self.model.eval()
         with self.autocast(), _neutral_generation_config(self.model):
             out = self.model.generate(
-                input_ids=ids.to(self.device),
-                attention_mask=mask.to(self.device),
+                input_ids=ids,
+                attention_mask=mask,
                 generation_config=generation,
                 stopping_criteria=StoppingCriteriaList([StopRequested()]),
             )
         self.model.train()
-        results = []
-        for row in out[:, ids.shape[1] :].tolist():
-            ends = [i for i, token in enumerate(row) if token in self.eos_ids]
-            completion = row[: ends[0] + 1] if ends else row
-            text = self.tokenizer.decode(completion, skip_special_tokens=True).strip()
-            results.append((completion, text, bool(ends)))
-        return results
+        return out[:, ids.shape[1] :]
 
     def logprobs(self, batch: Batch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Training forward (through the accelerate-prepared model when there is one)."""
