@@ -44,6 +44,7 @@ bench-learning: install
 bench-gpu: install
 	$(PY) bench/evaluator_gpu.py
 	$(PY) bench/trainer_gpu.py
+	$(PY) bench/generation_gpu.py
 
 # Runs on a CUDA machine: every KernelBench problem (levels 1-3, published sizes) scored against itself by the
 # evaluator and by an in-process check. Resumable: run it again until nothing is left (docs/evaluator-gpu.md).
