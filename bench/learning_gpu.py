@@ -17,7 +17,8 @@ the trainer's own turn-0 prompt (technique menu included), implemented and evalu
 input draw that training never uses (update 0's); every sample is evaluated on its own, so its timing noise is
 part of the spread. Per problem and overall: the mean reward and the share of suggestions that changed the kernel,
 with bootstrap 95 % intervals (samples resampled within each problem, so every resample keeps the problem mix;
-seeded).
+seeded). The intervals do not cover a drift of the machine's timing between the two evals; the reward of the
+samples that left the kernel unchanged (the reference timed against itself) is reported as its control.
 
 --max-minutes (8.5) bounds the whole invocation, service start-up included: the device machine kills a command at
 10 minutes. A later `after` phase in the same invocation is reserved 1.5x the `before` eval's time.
@@ -84,6 +85,7 @@ WRAP_UP_S = 20.0
 BOOTSTRAP_RESAMPLES = 2000
 # The issue's target: after-training mean reward above before, its interval excluding 0, and at least +30 %.
 TARGET_RELATIVE_CHANGE = 0.30
+METRICS = ("reward", "kernel_changed", "unchanged_kernel_reward")
 
 
 # ---------------------------------------------------------------- bootstrap statistics (pure numpy)
@@ -140,21 +142,23 @@ def compare(before: dict[str, list[float]], after: dict[str, list[float]], resam
 
 
 def by_problem(samples: list[dict[str, Any]], metric: str) -> dict[str, list[float]]:
-    """`reward` (samples left out of the loss, reward None, are left out here too) or `kernel_changed` (a sample
-    that got no kernel back changed nothing) per problem."""
+    """Per problem: `reward` (samples left out of the loss, reward None, are left out here too), `kernel_changed`
+    (a sample that got no kernel back changed nothing), or `unchanged_kernel_reward`: the reward of the samples that
+    left the kernel as it was, the reference timed against itself. That one moves between two evals only with the
+    machine's timing, a drift the intervals do not cover, so it is the control of a before/after difference."""
     grouped: dict[str, list[float]] = {}
     for sample in samples:
         values = grouped.setdefault(sample["problem_id"], [])
         if metric == "kernel_changed":
             values.append(float(bool(sample["kernel_changed"])))
-        elif sample["reward"] is not None:
+        elif sample["reward"] is not None and (metric == "reward" or sample["kernel_changed"] is False):
             values.append(float(sample["reward"]))
     return grouped
 
 
 def eval_summary(samples: list[dict[str, Any]], resamples: int, seed: int) -> dict[str, Any]:
     summary: dict[str, Any] = {}
-    for metric in ("reward", "kernel_changed"):
+    for metric in METRICS:
         grouped = by_problem(samples, metric)
         summary[metric] = describe(grouped, resamples, seed)
         summary[f"{metric}_per_problem"] = {p: describe({p: v}, resamples, seed) for p, v in sorted(grouped.items())}
@@ -200,7 +204,7 @@ def build_report(run_dir: Path, out: Path, resamples: int = BOOTSTRAP_RESAMPLES,
     report: dict[str, Any] = {
         label: {k: v for k, v in evals[label].items() if k not in ("samples", "summary")} for label in evals
     }
-    for metric in ("reward", "kernel_changed"):
+    for metric in METRICS:
         before = by_problem(evals["before"]["samples"], metric)
         after = by_problem(evals["after"]["samples"], metric)
         report[metric] = compare(before, after, resamples, seed)
@@ -223,11 +227,12 @@ def build_report(run_dir: Path, out: Path, resamples: int = BOOTSTRAP_RESAMPLES,
     (out / "report.json").write_text(json.dumps(report, indent=2))
     if metrics:
         plot_reward_curve(run_dir / "metrics.jsonl", out / "reward_curve.png")
-    changed = report["kernel_changed"]
+    changed, control = report["kernel_changed"], report["unchanged_kernel_reward"]
     print(
         f"mean reward before {shown(reward['before'])}, after {shown(reward['after'])}; difference "
         f"{shown(reward['difference'])}, relative {shown(reward['relative_change'])}; kernel changed "
-        f"{shown(changed['before'])} -> {shown(changed['after'])}; {len(metrics)} updates; "
+        f"{shown(changed['before'])} -> {shown(changed['after'])}; unchanged kernels' reward (drift control) "
+        f"{shown(control['before'])} -> {shown(control['after'])}; {len(metrics)} updates; "
         f"target met: {report['target']['met']}",
         flush=True,
     )
