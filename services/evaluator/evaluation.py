@@ -463,8 +463,6 @@ class Judge:
             except build_cache.BuildFailedError as error:
                 self.run_state.build_paths.append(error.build_path)
                 return {"error": str(error)}
-            except build_cache.BuildRequestError as error:
-                return {"error": str(error)}
             self.run_state.build_paths.append(build_cache.recorded_build_path(cache_dir, key, split_asked))
             for part, seconds in parts.items():
                 self.run_state.phases[f"build_{part}"] = self.run_state.phases.get(f"build_{part}", 0.0) + seconds
