@@ -192,3 +192,24 @@ def test_a_split_built_timeout_with_no_time_left_is_no_verdict(tmp_path: Path, m
     assert result.status is EvaluationStatus.evaluator_error, result.message
     assert result.build_path == "split" and not result.correct
     assert result.message.startswith("the timeout verdict of a split-built run could not be checked with a whole build")
+
+
+def test_a_whole_run_cut_short_by_the_split_run_is_no_verdict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Wrong at once in the first process that runs it; in any later one (the whole run) it hangs until the limit.
+    marker = tmp_path / "first-pid"
+    candidate = sources.candidate(
+        f"""
+if not os.path.exists({str(marker)!r}):
+    with open({str(marker)!r}, "w") as handle:
+        handle.write(str(os.getpid()))
+while open({str(marker)!r}).read() != str(os.getpid()):
+    pass
+return x.clamp_min(0) * (self.scale + 1)
+""",
+        prelude="import os",
+    )
+    result, runs = _evaluate(tmp_path, monkeypatch, candidate, "split", timeout_s=40)
+    assert runs == [True, False]
+    assert result.status is EvaluationStatus.evaluator_error, result.message
+    assert result.build_path == "fallback" and result.phases_s["split_run"] > 0
+    assert result.message.startswith("the timeout verdict of a split-built run could not be checked with a whole build")
