@@ -111,7 +111,7 @@ def run(case_name: str, path: str, cache_dir: Path, build_root: Path) -> dict[st
         same, error = _compare(expected, actual)
         worst = max(worst, error)
         for tensor in _flatten(actual):
-            digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+            digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
         if not same:
             return {**report, "verdict": "incorrect", "max_abs_error": error}
     return {**report, "verdict": "correct", "max_abs_error": worst, "digest": digest.hexdigest()[:16]}

@@ -40,7 +40,10 @@ PARALLEL = int(os.environ.get("SPLIT_BUILD_PARALLEL", max(2, (os.cpu_count() or 
 
 
 def _run(case: str, path: str, cache_dir: Path, build_root: Path) -> dict[str, Any]:
-    env = {**os.environ, "MAX_JOBS": "2", "PYTHONPATH": str(REPO_ROOT)}
+    # Keep the caller's PYTHONPATH: tree-sitter may be installed only there (the GPU machine's carried wheels), and
+    # without it every split request silently takes the whole build.
+    paths = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "MAX_JOBS": "2", "PYTHONPATH": os.pathsep.join(paths)}
     command = [
         sys.executable,
         "-m",
