@@ -146,7 +146,7 @@ def child_env(home: Path, build_jobs: int, threads: int, source: dict[str, str] 
             "OMP_NUM_THREADS": str(threads),
             "MKL_NUM_THREADS": str(threads),
             "MALLOC_ARENA_MAX": "2",
-            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+            "PYTHONPATH": worker_python_path(source.get("PYTHONPATH", "")),
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONUNBUFFERED": "1",
         }
@@ -347,6 +347,15 @@ def probe_main() -> None:
     if failed:
         sys.stderr.write(f"strict isolation probe failed: {', '.join(failed)}\n")
     sys.exit(1 if failed else 0)
+
+
+def worker_python_path(service_python_path: str) -> str:
+    """The project, then the service's own PYTHONPATH: a package installed beside the service that way (tree-sitter,
+    which split builds parse with) must import in its workers too, or every split build quietly builds whole. The
+    operator sets it, not a candidate; strict isolation already leaves every folder on the service's sys.path
+    reachable (isolate_filesystem), and the candidate's uid cannot write what the service's owns."""
+    own = [entry for entry in service_python_path.split(os.pathsep) if os.path.isabs(entry)]
+    return os.pathsep.join(dict.fromkeys([str(Path(__file__).resolve().parents[2]), *own]))
 
 
 def strict_isolation_works(uid: int) -> bool:

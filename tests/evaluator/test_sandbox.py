@@ -22,6 +22,15 @@ def sandbox_processes() -> list[psutil.Process]:
     return [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real in uids]
 
 
+def test_workers_import_from_the_services_python_path(tmp_path: Path) -> None:
+    """A package installed beside the service through PYTHONPATH (tree-sitter on the GPU machine) imports in its
+    workers too: without it every split build there quietly built whole. The project comes first; a relative entry,
+    which would resolve against the worker's own directory, is left out."""
+    env = child_env(tmp_path, build_jobs=2, threads=1, source={"PYTHONPATH": f"/opt/site:relative:{REPO}"})
+    assert env["PYTHONPATH"].split(":") == [str(REPO), "/opt/site"]
+    assert child_env(tmp_path, build_jobs=2, threads=1, source={})["PYTHONPATH"] == str(REPO)
+
+
 def test_child_environment_drops_secrets(tmp_path: Path) -> None:
     env = child_env(
         tmp_path,
