@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.trainer import sampling
 from services.trainer.config import TrainConfig
 from services.trainer.policy import left_pad, load_policy, make_batch
 from services.trainer.sampling import GenerationCopy, StaticCacheSampler, resolve_generation_backend, sampling_scores
@@ -106,20 +105,12 @@ def test_sampling_leaves_trained_weights_gradients_and_optimizer_state_bitwise_u
     assert policy.model.training  # training goes on in train mode
 
 
-def test_compiled_sampling_draws_from_the_trained_distribution(monkeypatch):
+def test_compiled_sampling_draws_from_the_trained_distribution(drawn_from):
     """The logits every token was drawn from equal the training forward's over the sampled sequence (the KV cache,
     positions and padding line up), and the draw is softmax(logits / T) cut exactly as transformers cuts it."""
     from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
     policy = trained_policy()
-    drawn_from = []
-    draw = sampling.sample_next_token
-
-    def recording(logits, temperature, top_p):
-        drawn_from.append(logits.float().clone())
-        return draw(logits, temperature, top_p)
-
-    monkeypatch.setattr(sampling, "sample_next_token", recording)
     completions = [ids for ids, _, _ in policy.generate(PROMPTS)]
     batch = make_batch(PROMPTS, completions, policy.tokenizer.pad_token_id, torch.device("cpu"))
     width = batch.completion_ids.shape[1]

@@ -10,7 +10,6 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from bench.trainer_gpu import TINY, build_model, synthetic_tokenizer
-from services.trainer import sampling
 from services.trainer.config import TrainConfig
 from services.trainer.policy import Policy, make_batch
 
@@ -25,7 +24,7 @@ GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason
         pytest.param("cuda", "bfloat16", marks=GPU),
     ],
 )
-def test_compiled_sampling_follows_the_trained_weights(device_type, dtype, monkeypatch):
+def test_compiled_sampling_follows_the_trained_weights(device_type, dtype, drawn_from):
     torch.manual_seed(0)
     device = torch.device(device_type)
     config = TrainConfig(
@@ -35,14 +34,6 @@ def test_compiled_sampling_follows_the_trained_weights(device_type, dtype, monke
         model = build_model(TINY, getattr(torch, dtype), device, 0)
     model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=list(config.lora_targets)))
     policy = Policy(config, device, model, synthetic_tokenizer(TINY["vocab_size"]))
-    drawn_from = []
-    draw = sampling.sample_next_token
-
-    def recording(logits, temperature, top_p):
-        drawn_from.append(logits.float().clone())
-        return draw(logits, temperature, top_p)
-
-    monkeypatch.setattr(sampling, "sample_next_token", recording)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, TINY["vocab_size"], (n,), generator=g).tolist() for n in (40, 17, 33, 25)]
     lora_b = [p for n, p in policy.model.named_parameters() if "lora_B" in n]
