@@ -1,0 +1,79 @@
+"""Hostile candidates against a real server started with an import path of its own: nothing a candidate writes may
+reach the import path of later workers or of the service."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.evaluator import sources
+from tests.evaluator.conftest import evaluate, server_env
+from tests.servers import REPO, run_service
+
+# Every entry of the worker's PYTHONPATH it can write to gets a sitecustomize.py that leaves a marker (its uid)
+# beside itself in each Python process that starts later.
+WRITE_SITECUSTOMIZE = sources.candidate(
+    "return torch.relu(x) * self.scale",
+    prelude='''
+import os
+
+_PAYLOAD = """
+import os
+try:
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "ran-%d-%d" % (os.getuid(), os.getpid())), "w"):
+        pass
+except OSError:
+    pass
+"""
+for _entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    try:
+        with open(os.path.join(_entry, "sitecustomize.py"), "w") as _file:
+            _file.write(_PAYLOAD)
+    except OSError:
+        pass
+''',
+)
+
+
+@pytest.fixture(scope="module")
+def shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sticky, world-writable directory (like /tmp) on the service's PYTHONPATH."""
+    directory = tmp_path_factory.mktemp("shared-python-path")
+    os.chmod(directory, 0o1777)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def shared_path_client(shared_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    if os.geteuid() != 0:
+        pytest.skip("needs strict isolation (root, namespaces)")
+    cache = tmp_path_factory.mktemp("shared-path-cache")
+    log = tmp_path_factory.mktemp("shared-path-log") / "server.log"
+    env = server_env(cache, PYTHONPATH=os.pathsep.join([str(REPO), str(shared_dir)]))
+    with run_service("evaluator", env=env, log_path=log) as url, httpx.Client(base_url=url, timeout=600) as http:
+        if http.get("/health").json()["details"]["isolation"] != "strict":
+            pytest.skip("needs strict isolation (root, namespaces)")
+        yield http
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="workers keep every absolute entry of the service's PYTHONPATH reachable and importable, a world-writable "
+    "one included: a candidate plants sitecustomize.py there and later workers run it as root before the sandbox",
+)
+def test_a_candidate_cannot_write_into_the_import_path_of_later_workers(
+    shared_path_client: httpx.Client, shared_dir: Path
+) -> None:
+    first = evaluate(shared_path_client, WRITE_SITECUSTOMIZE)
+    assert first["status"] == "correct", first["message"]
+    # Later evaluations start fresh workers.
+    second = evaluate(shared_path_client, sources.CORRECT)
+    assert second["status"] == "correct", second["message"]
+    planted = shared_dir / "sitecustomize.py"
+    markers = sorted(p.name for p in shared_dir.glob("ran-*"))
+    assert not planted.exists(), f"a candidate wrote {planted}; later processes that ran it: {markers}"
+    assert not markers, f"processes ran a candidate's sitecustomize.py: {markers}"
