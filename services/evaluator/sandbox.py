@@ -1,5 +1,6 @@
 """What a worker process gets: private directory, stripped environment, rlimits, and in `strict` isolation
-namespaces of its own (pid, IPC, mount, network), private world-writable directories and an unprivileged uid.
+namespaces of its own (pid, IPC, mount, network), private world-writable directories, every other mount read-only
+and an unprivileged uid.
 
 `enter()` runs inside the child before any untrusted code; the rest runs in the service.
 
@@ -22,6 +23,7 @@ import ctypes
 import json
 import logging
 import os
+import re
 import resource
 import select
 import signal
@@ -43,7 +45,18 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x1000, 0x4000, 0x40000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 0x1, 0x2, 0x4, 0x8, 0x20
+MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000
+# Per-mount options of /proc/self/mountinfo a read-only remount keeps (a remount replaces them all).
+MOUNT_OPTION_FLAGS = {
+    "nosuid": MS_NOSUID,
+    "nodev": MS_NODEV,
+    "noexec": MS_NOEXEC,
+    "noatime": 0x400,
+    "nodiratime": 0x800,
+    "relatime": 0x200000,
+    "strictatime": 0x1000000,
+}
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 # Shared scratch places replaced by an empty, small tmpfs in strict isolation.
@@ -201,9 +214,38 @@ def _private_mount(libc: ctypes.CDLL, directory: str) -> None:
         _mount(libc, "tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=1777,size=4m,nr_inodes=1024")
 
 
-def isolate_filesystem(keep: list[str]) -> None:
+def _mounts() -> list[tuple[str, int]]:
+    """Mount points of the calling process's namespace (decoded) with the flags of their per-mount options."""
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+        flags = sum(MOUNT_OPTION_FLAGS.get(option, 0) for option in fields[5].split(","))
+        found.append((point, flags))
+    return found
+
+
+def _under(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def make_read_only(libc: ctypes.CDLL, writable: set[str]) -> None:
+    """Remount every mount of the namespace read-only but those at `writable` (each its own mount) and /proc (the
+    worker mounts its own there): nothing a job writes outside its home and its private scratch places reaches a
+    later job or the service, whatever the permissions of a directory it can reach (a world-writable folder on
+    the service's import path, in the cache volume, anywhere the scan for shared directories does not look)."""
+    for point, flags in _mounts():
+        if point in writable or _under(point, "/proc"):
+            continue
+        # A mount point gone from view lies under a tmpfs of ours; any other failure fails the worker's start.
+        with contextlib.suppress(FileNotFoundError):
+            _mount(libc, None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
+
+
+def isolate_filesystem(keep: list[str], home: str) -> None:
     """Private mount namespace: empty tmpfs over world-writable dirs (PRIVATE_DIRS) and over unreadable parents
-    of `keep`, then every `keep` directory bind-mounted back at its own path. Runs as root, before the uid change."""
+    of `keep`, then every `keep` directory bind-mounted back at its own path, and every mount read-only except
+    `home` and the private directories. Runs as root, before the uid change."""
     libc = _libc()
     keep = sorted({os.path.realpath(p) for p in keep if os.path.isdir(p)}, key=len)
     private = {d for d in PRIVATE_DIRS if os.path.isdir(d)}
@@ -225,6 +267,10 @@ def isolate_filesystem(keep: list[str]) -> None:
         os.makedirs(path, exist_ok=True)
         _mount(libc, f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
         os.close(fd)
+    # The home becomes a mount of its own, so it stays writable when the mount holding it is made read-only.
+    home = os.path.realpath(home)
+    _mount(libc, home, home, None, MS_BIND)
+    make_read_only(libc, private | {home})
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:
@@ -312,7 +358,7 @@ def enter(spec: SandboxSpec) -> None:
         assert spec.uid is not None
         enter_pid_namespace(libc)
         reachable = [spec.home, *spec.keep_paths, sys.prefix, sys.base_prefix, sys.exec_prefix]
-        isolate_filesystem(reachable + [p for p in sys.path if p and os.path.isabs(p)])
+        isolate_filesystem(reachable + [p for p in sys.path if p and os.path.isabs(p)], spec.home)
         mount_proc(libc)
         limit_ipc()
         _check(libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
@@ -342,6 +388,8 @@ def probe_main() -> None:
         "pid 1": os.getpid() == 1,
         f"own /proc (sees pids {pids[:10]})": pids == [1],
         "shmmax": Path("/proc/sys/kernel/shmmax").read_text().strip() == str(SHM_BYTES),
+        "read-only outside its home": bool(os.statvfs(sys.base_prefix).f_flag & os.ST_RDONLY)
+        and not os.statvfs(home).f_flag & os.ST_RDONLY,
     }
     failed = [name for name, ok in checks.items() if not ok]
     if failed:
@@ -349,12 +397,40 @@ def probe_main() -> None:
     sys.exit(1 if failed else 0)
 
 
+def writable_by_others(path: str) -> bool:
+    """Whether a user other than its owner (a job's uid) can put a file at `path`: it is world-writable, or one of
+    its parents is world-writable without the sticky bit (the folder itself can then be replaced)."""
+    try:
+        if os.stat(path).st_mode & stat.S_IWOTH:
+            return True
+        return any(
+            (mode := os.stat(parent).st_mode) & stat.S_IWOTH and not mode & stat.S_ISVTX
+            for parent in Path(path).resolve().parents
+        )
+    except OSError:
+        return False
+
+
+_warned_python_path: set[str] = set()
+
+
 def worker_python_path(service_python_path: str) -> str:
     """The project, then the service's own PYTHONPATH: a package installed beside the service that way (tree-sitter,
-    which split builds parse with) must import in its workers too, or every split build quietly builds whole. The
-    operator sets it, not a candidate; strict isolation already leaves every folder on the service's sys.path
-    reachable (isolate_filesystem), and the candidate's uid cannot write what the service's owns."""
-    own = [entry for entry in service_python_path.split(os.pathsep) if os.path.isabs(entry)]
+    which split builds parse with) must import in its workers too, or every split build quietly builds whole.
+
+    An entry other users can write to is left out: a worker starts as root and runs the `sitecustomize.py` of its
+    import path before the sandbox, so whoever could write there would run code as root in every later worker.
+    (Inside the sandbox every folder a job reaches but its home is read-only: see make_read_only.)"""
+    own = []
+    for entry in service_python_path.split(os.pathsep):
+        if not os.path.isabs(entry):
+            continue
+        if writable_by_others(entry):
+            if entry not in _warned_python_path:
+                _warned_python_path.add(entry)
+                log.warning("%s is on PYTHONPATH but other users can write to it: workers do not import from it", entry)
+            continue
+        own.append(entry)
     return os.pathsep.join(dict.fromkeys([str(Path(__file__).resolve().parents[2]), *own]))
 
 

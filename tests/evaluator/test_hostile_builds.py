@@ -1,9 +1,11 @@
 """Hostile candidates against a real server started with an import path of its own: nothing a candidate writes may
-reach the import path of later workers or of the service."""
+reach the import path of later workers or of the service, or any folder outside its own home and scratch places."""
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,23 +50,24 @@ def shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def shared_path_client(shared_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("shared-path-cache")
+
+
+@pytest.fixture(scope="module")
+def shared_path_client(
+    shared_dir: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[httpx.Client]:
     if os.geteuid() != 0:
         pytest.skip("needs strict isolation (root, namespaces)")
-    cache = tmp_path_factory.mktemp("shared-path-cache")
     log = tmp_path_factory.mktemp("shared-path-log") / "server.log"
-    env = server_env(cache, PYTHONPATH=os.pathsep.join([str(REPO), str(shared_dir)]))
+    env = server_env(cache_dir, PYTHONPATH=os.pathsep.join([str(REPO), str(shared_dir)]))
     with run_service("evaluator", env=env, log_path=log) as url, httpx.Client(base_url=url, timeout=600) as http:
         if http.get("/health").json()["details"]["isolation"] != "strict":
             pytest.skip("needs strict isolation (root, namespaces)")
         yield http
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="workers keep every absolute entry of the service's PYTHONPATH reachable and importable, a world-writable "
-    "one included: a candidate plants sitecustomize.py there and later workers run it as root before the sandbox",
-)
 def test_a_candidate_cannot_write_into_the_import_path_of_later_workers(
     shared_path_client: httpx.Client, shared_dir: Path
 ) -> None:
@@ -77,3 +80,36 @@ def test_a_candidate_cannot_write_into_the_import_path_of_later_workers(
     markers = sorted(p.name for p in shared_dir.glob("ran-*"))
     assert not planted.exists(), f"a candidate wrote {planted}; later processes that ran it: {markers}"
     assert not markers, f"processes ran a candidate's sitecustomize.py: {markers}"
+
+
+def test_a_candidate_writes_nowhere_but_its_home_and_scratch_places(
+    shared_path_client: httpx.Client, cache_dir: Path
+) -> None:
+    """A world-writable folder the job can reach (here in the build cache, which every job reads) is read-only to
+    it, as is everything else outside its home; its home and /tmp stay writable."""
+    loose = cache_dir / "loose"
+    loose.mkdir()
+    os.chmod(loose, 0o777)
+    targets = [str(loose / "planted"), "HOME/written", "/tmp/written"]
+    probe = sources.candidate(
+        f"""
+outcomes = {{}}
+for path in {targets!r}:
+    path = path.replace("HOME", os.environ["HOME"])
+    try:
+        with open(path, "w") as handle:
+            handle.write("left by a job")
+        outcomes[path.split("/")[-2]] = "written"
+    except OSError as exc:
+        outcomes[path.split("/")[-2]] = type(exc).__name__
+raise RuntimeError(f"WROTE {{outcomes!r}}")
+""",
+        prelude="import os",
+    )
+    result = evaluate(shared_path_client, probe)
+    found = re.search(r"RuntimeError: WROTE (.*)$", result["message"], re.MULTILINE)
+    assert found, result["message"]
+    outcomes = ast.literal_eval(found.group(1))
+    home = next(name for name in outcomes if name not in {"loose", "tmp"})
+    assert outcomes == {"loose": "OSError", "tmp": "written", home: "written"}, outcomes
+    assert not list(loose.iterdir()), f"a job wrote into {loose}: {list(loose.iterdir())}"

@@ -31,6 +31,20 @@ def test_workers_import_from_the_services_python_path(tmp_path: Path) -> None:
     assert child_env(tmp_path, build_jobs=2, threads=1, source={})["PYTHONPATH"] == str(REPO)
 
 
+def test_workers_never_import_from_a_folder_other_users_can_write(tmp_path: Path) -> None:
+    """A worker runs its import path's sitecustomize.py as root before the sandbox: a world-writable entry, or one
+    inside a world-writable folder without the sticky bit (it can be renamed away and replaced), is left out."""
+    loose, sticky, open_parent, kept = tmp_path / "loose", tmp_path / "sticky", tmp_path / "open", tmp_path / "kept"
+    for folder, mode in ((loose, 0o777), (sticky, 0o1777), (open_parent, 0o777), (kept, 0o755)):
+        folder.mkdir()
+        folder.chmod(mode)
+    (sticky / "site").mkdir(mode=0o755)
+    (open_parent / "site").mkdir(mode=0o755)
+    entries = [loose, sticky / "site", open_parent / "site", kept]
+    env = child_env(tmp_path, build_jobs=2, threads=1, source={"PYTHONPATH": ":".join(map(str, entries))})
+    assert env["PYTHONPATH"].split(":") == [str(REPO), str(sticky / "site"), str(kept)]
+
+
 def test_child_environment_drops_secrets(tmp_path: Path) -> None:
     env = child_env(
         tmp_path,
