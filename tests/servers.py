@@ -17,6 +17,11 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 
 
+def python_path(*extra: str) -> str:
+    """The repo, then the caller's PYTHONPATH (carried wheels on a machine without pip), then `extra`."""
+    return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", ""), *extra) if p)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -55,9 +60,7 @@ def run_service(
 ) -> Iterator[str]:
     """Yield the base URL of `python -m services.<name>` serving on 127.0.0.1."""
     port = free_port()
-    # Keep an existing PYTHONPATH (e.g. carried wheels on a machine without pip) behind the repo.
-    python_path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    full_env = {**os.environ, "PYTHONPATH": python_path, **(env or {})}
+    full_env = {**os.environ, "PYTHONPATH": python_path(), **(env or {})}
     log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [sys.executable, "-m", f"services.{name}", "--host", "127.0.0.1", "--port", str(port)],

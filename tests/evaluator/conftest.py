@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +11,7 @@ import httpx
 import pytest
 
 from tests.evaluator.sources import REFERENCE
-from tests.servers import REPO, run_service
+from tests.servers import python_path, run_service
 
 FAKE_API_KEY = "sk-test-" + secrets.token_hex(8)
 WORKERS = 2
@@ -22,7 +21,7 @@ def server_env(cache_dir: Path, **extra: str) -> dict[str, str]:
     """Environment of a test evaluator: its own cache and uid range, a secret it must not leak."""
     return {
         # Keep the caller's import path after the repo (run_service puts only the repo there).
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+        "PYTHONPATH": python_path(),
         "EVALUATOR_CACHE_DIR": str(cache_dir),
         "EVALUATOR_WORKERS": str(WORKERS),
         "EVALUATOR_THREADS_PER_WORKER": "1",

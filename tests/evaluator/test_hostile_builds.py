@@ -14,7 +14,7 @@ import pytest
 
 from tests.evaluator import sources
 from tests.evaluator.conftest import evaluate, server_env
-from tests.servers import REPO, run_service
+from tests.servers import python_path, run_service
 
 # Every entry of the worker's PYTHONPATH it can write to gets a sitecustomize.py that leaves a marker (its uid)
 # beside itself in each Python process that starts later.
@@ -61,7 +61,7 @@ def shared_path_client(
     if os.geteuid() != 0:
         pytest.skip("needs strict isolation (root, namespaces)")
     log = tmp_path_factory.mktemp("shared-path-log") / "server.log"
-    env = server_env(cache_dir, PYTHONPATH=os.pathsep.join([str(REPO), str(shared_dir)]))
+    env = server_env(cache_dir, PYTHONPATH=python_path(str(shared_dir)))
     with run_service("evaluator", env=env, log_path=log) as url, httpx.Client(base_url=url, timeout=600) as http:
         if http.get("/health").json()["details"]["isolation"] != "strict":
             pytest.skip("needs strict isolation (root, namespaces)")

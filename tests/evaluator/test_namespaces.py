@@ -32,7 +32,7 @@ from services.evaluator.sandbox import (
 from tests.evaluator import sources
 from tests.evaluator.conftest import evaluate, sandbox_uid_base
 from tests.evaluator.test_sandbox import sandbox_processes
-from tests.servers import REPO
+from tests.servers import REPO, python_path
 
 SHM_KEY = 0x4B41
 IPC_CREAT = 0o1000
@@ -283,7 +283,7 @@ def stand_in(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     proc = subprocess.Popen(
         [sys.executable, "-c", STAND_IN, str(home), str(uid), str(REPO)],
         cwd=home,
-        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO)},
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": python_path()},
         stdout=subprocess.PIPE,
         start_new_session=True,
     )
@@ -339,7 +339,7 @@ def test_strict_probe_of_root_without_capabilities_says_no():
             f"from services.evaluator.sandbox import strict_isolation_works; print(strict_isolation_works({uid}))",
         ],
         cwd=REPO,
-        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO)},
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": python_path()},
         capture_output=True,
         text=True,
         timeout=120,
@@ -364,7 +364,7 @@ def refused_start(prefix: list[str], isolation: str) -> str:
     service = subprocess.run(
         [*prefix, sys.executable, "-m", "services.evaluator", "--port", "1"],
         cwd=REPO,
-        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "EVALUATOR_ISOLATION": isolation},
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": python_path(), "EVALUATOR_ISOLATION": isolation},
         capture_output=True,
         text=True,
         timeout=300,

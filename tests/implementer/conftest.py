@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from services.trainer.policy import SMOLLM2_GGUF, smollm2_gguf_dir
-from tests.servers import REPO, free_port
+from tests.servers import free_port, python_path
 
 LLAMA_MODEL_ALIAS = "smollm2-135m-instruct"
 
@@ -30,8 +30,7 @@ def smollm2_gguf() -> Path:
 
 def service_env(**extra: str) -> dict[str, str]:
     """Environment for a service subprocess: the repo (and any PYTHONPATH already set) importable."""
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    return {"PYTHONPATH": path, **extra}
+    return {"PYTHONPATH": python_path(), **extra}
 
 
 @pytest.fixture(scope="session")

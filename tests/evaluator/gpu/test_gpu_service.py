@@ -8,14 +8,13 @@ build cache; each candidate calls a different function of it.
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import httpx
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.servers import REPO, run_service  # noqa: E402
+from tests.servers import python_path, run_service  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
@@ -126,7 +125,7 @@ class ModelNew(torch.nn.Module):
 def service(tmp_path_factory: pytest.TempPathFactory) -> str:
     cache = tmp_path_factory.mktemp("evaluator-cache")
     env = {
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+        "PYTHONPATH": python_path(),
         "EVALUATOR_CACHE_DIR": str(cache),
         "EVALUATOR_WORKERS": "2",
         "EVALUATOR_BUILD_WORKERS": "2",

@@ -12,7 +12,6 @@ Run from the source tree on a CUDA machine:
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("tree_sitter_cuda")
 
 from tests.evaluator import cuda_corpus  # noqa: E402
-from tests.servers import REPO, run_service  # noqa: E402
+from tests.servers import python_path, run_service  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -41,7 +40,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def service(cache_dir: Path) -> Iterator[str]:
     env = {
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+        "PYTHONPATH": python_path(),
         "EVALUATOR_CACHE_DIR": str(cache_dir),
         "EVALUATOR_WORKERS": "1",
         "EVALUATOR_SPLIT_BUILD": "1",
