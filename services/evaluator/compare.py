@@ -14,7 +14,7 @@ import io
 import math
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,8 @@ class Comparison:
     input_mutation: bool = False
     # The deadline passed before every trial was compared (the verdict is a timeout, not `incorrect`).
     timed_out: bool = False
+    # An output was not the one the worker had committed to (compare_outputs' `committed`).
+    uncommitted: bool = False
 
 
 class MalformedDataError(ValueError):
@@ -313,6 +315,7 @@ def compare_outputs(
     deadline: float | None = None,
     owner_uid: int | None = None,
     trusted_root: Path | None = None,
+    committed: Callable[[Any], bool] | None = None,
 ) -> Comparison:
     """Compare every trial's output file `out_dir/<trial>.pt` with the reference; stops at the first wrong trial.
 
@@ -320,7 +323,9 @@ def compare_outputs(
     replace; from there down, `out_dir` and each file are opened without following symlinks, and a file must be a
     regular file with one link, owned by `owner_uid` when given. A file is read only if it is at most `max_bytes`
     and at most `output_size_limit()` of its trial. When `deadline` (a time.monotonic() value) passes between
-    trials, leaves or chunks, the result is incorrect with `timed_out` set. Never raises for the candidate's data.
+    trials, leaves or chunks, the result is incorrect with `timed_out` set. `committed(outputs)` says whether a
+    trial's outputs are the ones the worker committed to before it knew they would be checked; where it says no,
+    the result is incorrect with `uncommitted` set. Never raises for the candidate's data.
     """
     root = trusted_root if trusted_root is not None else out_dir.parent
     relative = out_dir.relative_to(root)
@@ -342,6 +347,8 @@ def compare_outputs(
             return Comparison(False, f"trial {trial}: unreadable output ({type(exc).__name__}: {exc})"[:500])
         finally:
             del data
+        if committed is not None and not committed(produced.get("outputs") if isinstance(produced, dict) else None):
+            return Comparison(False, f"trial {trial}: not the output the worker committed to", uncommitted=True)
         try:
             reason, trial_mutated = compare_trial(
                 want, trial_inputs, produced, atol, rtol, all_errors, deadline=deadline

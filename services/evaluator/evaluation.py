@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import math
@@ -295,6 +296,9 @@ class Block:
     clocked_s: float
     wall_s: float
     digest: Any = None
+    # One fingerprint per call of the outputs digested (output_digest), and the digest's seed.
+    fingerprints: list[str] | None = None
+    digest_seed: int | None = None
     drawn_s: float = 0.0
     digest_s: float = 0.0
 
@@ -626,7 +630,10 @@ class Judge:
             last = index == self.request.timing_trials - 1
             if last or random.random() < CHECK_PROBABILITY:
                 call = random.randrange(calls)
-                if not await self._check(candidate, call, await self._timer_output(timer, call)):
+                block = blocks["candidate"][-1]
+                assert block.fingerprints is not None and block.digest_seed is not None
+                committed = (block.digest_seed, block.fingerprints[call])
+                if not await self._check(candidate, call, await self._timer_output(timer, call), committed):
                     self.run_state.flags["stale_output"] = (
                         f"the output of timed call {call} of block {index} was wrong (an answer cached or computed "
                         "before its inputs changed)"
@@ -659,8 +666,12 @@ class Judge:
         if digest_seed is not None:
             command = {"op": "digest", "seed": digest_seed}
             reply, block.digest_s, _ = await self._command(worker, command, "digested", clocked=True)
-            block.digest = reply.get("digest")
-            if not output_digest.valid(block.digest):
+            block.digest, block.fingerprints, block.digest_seed = (
+                reply.get("digest"),
+                reply.get("fingerprints"),
+                digest_seed,
+            )
+            if not output_digest.valid(block.digest) or not output_digest.valid_fingerprints(block.fingerprints, calls):
                 self.run_state.flags["result_tampering"] = "a malformed digest"
                 raise CandidateFailure
         return block
@@ -743,8 +754,12 @@ class Judge:
         except Exception as exc:
             raise EvaluatorFailure(f"the reference's timed output is unreadable: {type(exc).__name__}: {exc}") from exc
 
-    async def _check(self, candidate: Worker, call: int, expected: Any) -> bool:
-        """Ask for one call's output of the last block and compare it with the reference's on the same inputs."""
+    async def _check(
+        self, candidate: Worker, call: int, expected: Any, committed: tuple[int, str] | None = None
+    ) -> bool:
+        """Ask for one call's output of the last block and compare it with the reference's on the same inputs.
+        `committed`: the digest's seed and the fingerprint the candidate gave this call's output in its digest; an
+        output saved with another fingerprint was not the one timed and digested (computed again for the check)."""
         self.checks += 1
         nonce = secrets.token_hex(8)
         await candidate.send({"op": "save", "call": call, "check": self.checks, "nonce": nonce})
@@ -765,7 +780,14 @@ class Judge:
             deadline=self.deadline,
             owner_uid=candidate.uid,
             trusted_root=candidate.root,
+            committed=None if committed is None else functools.partial(_matches_fingerprint, *committed),
         )
+        if comparison.uncommitted:
+            self.run_state.flags["result_tampering"] = (
+                f"the output saved for the check of call {call} is not the one its block digested (computed again "
+                "for the check)"
+            )
+            raise CandidateFailure
         if comparison.timed_out:
             raise CandidateFailure
         return comparison.correct
@@ -948,6 +970,13 @@ def judge_timing(
         flags=flags,
         device=str(ready.get("device", "")),
     )
+
+
+def _matches_fingerprint(seed: int, fingerprint: str, outputs: Any) -> bool:
+    try:
+        return output_digest.call_fingerprint(outputs, seed) == fingerprint
+    except TypeError:
+        return False  # not plain tensors: not what the block digested
 
 
 def _hand_over(worker: Worker, reference: ReferenceData, trials: range) -> None:

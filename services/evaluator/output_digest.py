@@ -16,10 +16,18 @@ much more than the tolerance over many elements (a stale answer, another input's
 almost surely; a few wrong calls or elements may pass, and are left to the full checks of single calls
 (Judge._check). Sampled positions keep the digest's cost per call small and the same for any output layout, so it
 adds little, and the same, to both sides' blocks on the judge's clock.
+
+With the sums comes one fingerprint per call: a hash of the raw bits of that call's sampled values. The full check of
+a call, chosen after the digest, then holds the candidate to the output it digested: the service recomputes the
+fingerprint of the output the worker saves (`call_fingerprint`, same positions: they are drawn on the CPU from the
+seed) and an output computed again for the check, exactly where the timed one was not (low precision whose errors
+cancel in the sums), no longer matches. Positions and weights are drawn on the CPU from the seed and moved to the
+outputs' device, so the service finds the same positions without a GPU.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any
 
@@ -41,23 +49,41 @@ EXACT_SUM_SLACK = 1e-9
 # Most output tensors per call (as in compare.py).
 MAX_TENSORS = 4096
 SUMS = 3  # D, P1, P2
+# Bytes of a call's fingerprint (BLAKE2b): a second output with the same fingerprint costs about 2**64 tries.
+FINGERPRINT_BYTES = 8
 
 
-def block_digest(outputs: list[Any], seed: int) -> list[dict[str, Any]]:
+def block_digest(outputs: list[Any], seed: int) -> tuple[list[dict[str, Any]], list[str]]:
     """The digest of a block's outputs (one per call, in order): one record per output position with its shape,
-    dtype and the three sums over every call (None where not finite)."""
+    dtype and the three sums over every call (None where not finite), and each call's fingerprint (hex)."""
     calls = [_tensors(output) for output in outputs]
     if not calls:
-        return []
+        return [], []
     layout = [(list(t.shape), str(t.dtype).removeprefix("torch.")) for t in calls[0]]
     for tensors in calls[1:]:
         if [(list(t.shape), str(t.dtype).removeprefix("torch.")) for t in tensors] != layout:
             raise TypeError("the outputs of one block's calls differ in number, shape or dtype")
+    hashes = [hashlib.blake2b(digest_size=FINGERPRINT_BYTES) for _ in calls]
     records = []
     for index, (shape, dtype) in enumerate(layout):
-        sums = _sums([tensors[index] for tensors in calls], (seed + index) % (1 << 63))
+        sums = _sums([tensors[index] for tensors in calls], _tensor_seed(seed, index), hashes)
         records.append({"shape": shape, "dtype": dtype, "sums": [v if math.isfinite(v) else None for v in sums]})
-    return records
+    return records, [h.hexdigest() for h in hashes]
+
+
+def call_fingerprint(output: Any, seed: int) -> str:
+    """The fingerprint `block_digest` gives a call whose output is `output` (as saved: on the CPU, tuples as
+    lists), under the same seed."""
+    digest = hashlib.blake2b(digest_size=FINGERPRINT_BYTES)
+    for index, tensor in enumerate(_tensors(output)):
+        values = _real(tensor)
+        positions, _ = _draw(values, _tensor_seed(seed, index), torch.float32)
+        digest.update(_raw_bytes(values.reshape(-1) if positions is None else values[positions]))
+    return digest.hexdigest()
+
+
+def _tensor_seed(seed: int, index: int) -> int:
+    return (seed + index) % (1 << 63)
 
 
 def _tensors(output: Any) -> list[torch.Tensor]:
@@ -70,31 +96,42 @@ def _tensors(output: Any) -> list[torch.Tensor]:
     return items
 
 
-def _sums(tensors: list[torch.Tensor], seed: int) -> list[float]:
+def _draw(values: torch.Tensor, seed: int, dtype: torch.dtype) -> tuple[tuple[torch.Tensor, ...] | None, torch.Tensor]:
+    """The positions a digest reads in `values` (None: all of them) and a weight in [-1, 1] for each, drawn from
+    `seed` on the CPU (the same on every device) and moved to `values`' device."""
+    generator = torch.Generator().manual_seed(seed)
+    numel = values.numel()
+    positions = None
+    if numel > SAMPLE_ELEMENTS:
+        flat = torch.randint(numel, (SAMPLE_ELEMENTS,), generator=generator)
+        positions = tuple(p.to(values.device) for p in torch.unravel_index(flat, values.shape))
+    w = torch.rand(min(numel, SAMPLE_ELEMENTS), generator=generator, dtype=dtype).mul_(2).sub_(1)
+    return positions, w.to(values.device)
+
+
+def _raw_bytes(values: torch.Tensor) -> bytes:
+    return values.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def _sums(tensors: list[torch.Tensor], seed: int, hashes: list[Any]) -> list[float]:
     """D, P1, P2 over the calls' values at the block's positions (float32 values, float64 for exact types,
-    complex parts as pairs)."""
+    complex parts as pairs); each call's raw values go into its hash in `hashes`."""
     first = _real(tensors[0])
-    device, numel = first.device, first.numel()
     exact = not (first.is_floating_point() and first.dtype != torch.float64)
     dtype = torch.float64 if exact else torch.float32
-    generator = torch.Generator(device=device)
-    generator.manual_seed(seed)
-    if numel <= SAMPLE_ELEMENTS:
-        positions = None
-        count = numel
-    else:
-        flat = torch.randint(numel, (SAMPLE_ELEMENTS,), generator=generator, device=device)
-        positions = torch.unravel_index(flat, first.shape)
-        count = SAMPLE_ELEMENTS
-    w = torch.rand(count, generator=generator, device=device, dtype=dtype).mul_(2).sub_(1)
-    sums = torch.zeros(SUMS, dtype=torch.float64, device=device)
+    positions, w = _draw(first, seed, dtype)
+    sums = torch.zeros(SUMS, dtype=torch.float64, device=first.device)
     for start in range(0, len(tensors), CALLS_PER_STEP):
-        values = torch.stack(
+        raw = torch.stack(
             [
                 _real(t).reshape(-1) if positions is None else _real(t)[positions]
                 for t in tensors[start:][:CALLS_PER_STEP]
             ]
-        ).to(dtype)
+        )
+        host = raw.cpu()
+        for offset, row in enumerate(host):
+            hashes[start + offset].update(_raw_bytes(row))
+        values = raw.to(dtype)
         sums += torch.stack([(values @ w).sum(), values.abs().sum(), values.pow(2).sum()]).double()
     return [float(v) for v in sums.tolist()]
 
@@ -140,6 +177,18 @@ def valid(records: Any) -> bool:
         and len(r["sums"]) == SUMS
         and all(v is None or (isinstance(v, int | float) and not isinstance(v, bool)) for v in r["sums"])
         for r in records
+    )
+
+
+def valid_fingerprints(fingerprints: Any, calls: int) -> bool:
+    """Whether a reply's fingerprints have the form of one per call."""
+    return (
+        isinstance(fingerprints, list)
+        and len(fingerprints) == calls
+        and all(
+            isinstance(f, str) and len(f) == 2 * FINGERPRINT_BYTES and all(c in "0123456789abcdef" for c in f)
+            for f in fingerprints
+        )
     )
 
 

@@ -258,7 +258,7 @@ def serve_timing(context: WorkerContext, model: Any, inputs: InputSets, guard: G
     handed-over set `set`), each on refilled buffers; the reply carries every call's milliseconds and the judge's
     nonce; the judge keeps the reported numbers only where its clock agrees. `digest`: a digest of the last
     block's outputs under weights from the judge's seed (output_digest), which the judge checks against the
-    reference's on the same inputs. The judge clocks each command on both sides, so work moved out of the timed
+    reference's on the same inputs, with a fingerprint of each call's output that a later `save` is held to. The judge clocks each command on both sides, so work moved out of the timed
     calls into drawing or digesting shows as well. `save`: write the output of one call of the last block, chosen
     by the judge after the block, for it to check in full. Correctness checks and timed calls go through this one
     path, so a candidate cannot tell which of its calls are checked."""
@@ -279,11 +279,11 @@ def serve_timing(context: WorkerContext, model: Any, inputs: InputSets, guard: G
         elif op == "digest":
             try:
                 with _no_grad():
-                    records = output_digest.block_digest(outputs, int(command["seed"]))
+                    records, fingerprints = output_digest.block_digest(outputs, int(command["seed"]))
             except BaseException:
                 context.emit("error", stage="timing", message=traceback.format_exc())
                 return
-            context.emit("digested", nonce=command["nonce"], digest=records)
+            context.emit("digested", nonce=command["nonce"], digest=records, fingerprints=fingerprints)
         elif op == "block":
             outputs = []
             times = []

@@ -140,8 +140,8 @@ def _serve(context, model, inputs, guard):
             context.emit("block", nonce=command["nonce"], ms=[0.0001] * calls)
         elif op == "digest":
             with torch.no_grad():
-                digest = _runner.output_digest.block_digest(__DIGEST__, int(command["seed"]))
-            context.emit("digested", nonce=command["nonce"], digest=digest)
+                digest, fingerprints = _runner.output_digest.block_digest(__DIGEST__, int(command["seed"]))
+            context.emit("digested", nonce=command["nonce"], digest=digest, fingerprints=fingerprints)
         elif op == "save":
             call = int(command["call"])
             values = inputs.handed_over(str(handed_over)) if handed_over is not None else inputs.draw(seeds[call])
@@ -171,6 +171,29 @@ IDLE_TAKEOVER = _takeover("[]", "[torch.zeros(64, 64)] * len(seeds)")
 LAZY_TAKEOVER = _takeover("[]", _COMPUTED)
 # Draws the inputs only in the block and computes every output there: true digests, false reports.
 WORKING_TAKEOVER = _takeover(_COMPUTED, "outputs")
+
+# Returns bfloat16-rounded outputs from every call (errors far beyond float32's tolerance, which cancel in a block's
+# digest), and the exact output of whichever call the judge saves for a full check: the save converts the output with
+# the runner's to_plain, which it replaces (hidden from the guard). Timed honestly, so only the outputs are false.
+LOW_PRECISION_TIMED = sources.candidate(
+    """
+exact = x.clamp_min(0) * self.scale
+out = exact.bfloat16().float()
+_EXACT[id(out)] = exact
+weakref.finalize(out, _EXACT.pop, id(out), None)
+return out
+""",
+    prelude="""
+import weakref
+import services.evaluator.runner as _runner
+from services.evaluator.guards import Guard
+
+Guard.replaced = lambda self: []
+_EXACT = {}
+_to_plain = _runner.to_plain
+_runner.to_plain = lambda value, exact=False: _to_plain(_EXACT.get(id(value), value), exact)
+""",
+)
 
 # Points its output directory at another directory after the first call, so the service would read elsewhere.
 SYMLINKED_OUTPUTS = sources.candidate(
@@ -290,6 +313,7 @@ def test_background_threads_cannot_slow_the_reference(client: httpx.Client) -> N
         ("many_leaves", MANY_LEAVES, {"incorrect", "runtime_error"}),
         ("idle_takeover", IDLE_TAKEOVER, {"rejected"}),
         ("lazy_takeover", LAZY_TAKEOVER, {"rejected"}),
+        ("low_precision_timed", LOW_PRECISION_TIMED, {"rejected"}),
     ],
 )
 def test_gamed_timing_or_outputs_never_score(

@@ -26,8 +26,8 @@ def within_tolerance(reference: list[torch.Tensor], atol: float, rtol: float, se
 
 def mismatch(reference: list, candidate: list, seed: int = 7, **tolerance: float) -> str:
     return output_digest.mismatch(
-        output_digest.block_digest(reference, seed),
-        output_digest.block_digest(candidate, seed),
+        output_digest.block_digest(reference, seed)[0],
+        output_digest.block_digest(candidate, seed)[0],
         len(reference),
         tolerance.get("atol"),
         tolerance.get("rtol"),
@@ -83,8 +83,8 @@ def test_wrong_shape_dtype_count_or_nan_fail() -> None:
 def test_a_reference_that_is_not_finite_is_left_to_the_full_checks() -> None:
     reference = outputs(0)
     reference[0][0, 0] = math.inf
-    record = output_digest.block_digest(reference, 1)
-    assert None in record[0]["sums"]
+    records, _ = output_digest.block_digest(reference, 1)
+    assert None in records[0]["sums"]
     assert mismatch(reference, outputs(5)) == ""
 
 
@@ -123,4 +123,39 @@ def test_outputs_that_are_not_plain_tensors_are_refused() -> None:
 )
 def test_malformed_digests_are_not_valid(records) -> None:  # noqa: ANN001
     assert not output_digest.valid(records)
-    assert output_digest.valid(output_digest.block_digest(outputs(0), 1))
+    assert output_digest.valid(output_digest.block_digest(outputs(0), 1)[0])
+
+
+@pytest.mark.parametrize("shape", [(96, 80), (3, 5), ()], ids=["sampled", "small", "scalar"])
+def test_the_service_finds_each_calls_fingerprint_in_its_saved_output(shape: tuple[int, ...]) -> None:
+    """What the worker digests and what it saves for a check (a CPU copy, tuples as lists) have one fingerprint, a
+    non-contiguous copy included. A small output is read whole: one bit changed anywhere changes it; a large one at
+    positions drawn from the seed."""
+    calls = [(r, r * 2) for r in outputs(0, shape)]
+    _, fingerprints = output_digest.block_digest(calls, 11)
+    assert len(set(fingerprints)) == CALLS
+    for output, fingerprint in zip(calls, fingerprints, strict=True):
+        saved = [output[0].t().contiguous().t() if output[0].dim() == 2 else output[0].clone(), output[1].clone()]
+        assert output_digest.call_fingerprint(saved, 11) == fingerprint
+    first = calls[0][0]
+    if first.numel() > output_digest.SAMPLE_ELEMENTS:
+        assert output_digest.call_fingerprint(list(calls[0]), 12) != fingerprints[0]
+    else:
+        flipped = first.clone().reshape(-1)
+        flipped.view(torch.int32)[-1] ^= 1
+        assert output_digest.call_fingerprint([flipped.reshape(first.shape), calls[0][1]], 11) != fingerprints[0]
+
+
+def test_an_output_computed_again_exactly_does_not_match_a_low_precision_one() -> None:
+    """The attack the fingerprints close: timed calls in bfloat16 whose errors cancel in the digest's sums, the
+    checked call computed again in float32."""
+    reference = outputs(0, (256, 256))
+    low = [r.bfloat16().float() for r in reference]
+    _, fingerprints = output_digest.block_digest(low, 5)
+    assert all(output_digest.call_fingerprint(r, 5) != f for r, f in zip(reference, fingerprints, strict=True))
+
+
+@pytest.mark.parametrize("fingerprints", [None, ["00" * 8], ["zz" * 8] * CALLS, ["00" * 9] * CALLS, [1] * CALLS])
+def test_malformed_fingerprints_are_not_valid(fingerprints) -> None:  # noqa: ANN001
+    assert not output_digest.valid_fingerprints(fingerprints, CALLS)
+    assert output_digest.valid_fingerprints(output_digest.block_digest(outputs(0), 1)[1], CALLS)
