@@ -644,42 +644,46 @@ class Judge:
     async def _block(
         self, worker: Worker, seeds: list[int], digest_seed: int | None = None, handed_over: int | None = None
     ) -> Block:
-        """One block, each step timed by the judge with the other worker stopped: draw the inputs from `seeds` (or
-        take the handed-over set), a timed call on each, then the digest of the outputs under `digest_seed`."""
-        drawn_s = 0.0
-        if handed_over is None:
-            command: dict[str, Any] = {"op": "draw", "seeds": seeds}
-            drawn_s = (await self._command(worker, command, "drawn", clocked=True, hold=True))[1]
-        command = {"op": "block", "set": handed_over}
-        hold = digest_seed is not None
-        reply, clocked_s, wall_s = await self._command(worker, command, "block", clocked=True, hold=hold)
-        ms = reply.get("ms")
-        calls = len(seeds) + (handed_over is not None)
-        if not (
-            isinstance(ms, list)
-            and len(ms) == calls
-            and all(isinstance(v, int | float) and math.isfinite(v) and v >= 0 for v in ms)
-        ):
-            self.run_state.flags["result_tampering"] = "a malformed timing reply"
-            raise CandidateFailure
-        block = Block([float(v) for v in ms], clocked_s, wall_s, drawn_s=drawn_s)
-        if digest_seed is not None:
-            command = {"op": "digest", "seed": digest_seed}
-            reply, block.digest_s, _ = await self._command(worker, command, "digested", clocked=True)
-            block.digest, block.fingerprints, block.digest_seed = (
-                reply.get("digest"),
-                reply.get("fingerprints"),
-                digest_seed,
-            )
-            if not output_digest.valid(block.digest) or not output_digest.valid_fingerprints(block.fingerprints, calls):
-                self.run_state.flags["result_tampering"] = "a malformed digest"
+        """One block, each step timed by the judge with the other worker stopped (from the first step to the last, so
+        one scan stops it): draw the inputs from `seeds` (or take the handed-over set), a timed call on each, then
+        the digest of the outputs under `digest_seed`."""
+        async with self._paused(worker):
+            drawn_s = 0.0
+            if handed_over is None:
+                command: dict[str, Any] = {"op": "draw", "seeds": seeds}
+                drawn_s = (await self._command(worker, command, "drawn", clocked=True, hold=True))[1]
+            command = {"op": "block", "set": handed_over}
+            hold = digest_seed is not None
+            reply, clocked_s, wall_s = await self._command(worker, command, "block", clocked=True, hold=hold)
+            ms = reply.get("ms")
+            calls = len(seeds) + (handed_over is not None)
+            if not (
+                isinstance(ms, list)
+                and len(ms) == calls
+                and all(isinstance(v, int | float) and math.isfinite(v) and v >= 0 for v in ms)
+            ):
+                self.run_state.flags["result_tampering"] = "a malformed timing reply"
                 raise CandidateFailure
-        return block
+            block = Block([float(v) for v in ms], clocked_s, wall_s, drawn_s=drawn_s)
+            if digest_seed is not None:
+                command = {"op": "digest", "seed": digest_seed}
+                reply, block.digest_s, _ = await self._command(worker, command, "digested", clocked=True)
+                block.digest, block.fingerprints, block.digest_seed = (
+                    reply.get("digest"),
+                    reply.get("fingerprints"),
+                    digest_seed,
+                )
+                if not output_digest.valid(block.digest) or not output_digest.valid_fingerprints(
+                    block.fingerprints, calls
+                ):
+                    self.run_state.flags["result_tampering"] = "a malformed digest"
+                    raise CandidateFailure
+            return block
 
     async def _command(
         self, worker: Worker, command: dict[str, Any], reply: str, clocked: bool = False, hold: bool = False
     ) -> tuple[dict[str, Any], float, float]:
-        """Send one timing command with the other worker of the pair stopped (see _paused); the reply carrying its
+        """Send one timing command (the other worker of the pair is stopped: see _block); the reply carrying its
         nonce, how long the job took for it by the judge's clock (`clocked`), and the wall time.
 
         On a GPU the clock is the wall time until the reply. On a CPU it is the CPU time every process of the job
@@ -692,23 +696,28 @@ class Judge:
         escapes the clock: what it does before it is stopped counts in this command's time, the rest in the next."""
         nonce = secrets.token_hex(8)
         on_cpu = clocked and self.gpu is None
-        async with self._paused(worker):
-            cpu_before = await asyncio.to_thread(_job_cpu_s, worker) if on_cpu else 0.0
-            held = self.held.pop(worker.proc.pid, None)
+        held = self.held.pop(worker.proc.pid, None)
+        cpu_before = 0.0
+        if on_cpu:
+            # A held job ran nothing since it was stopped (no new process either): its known pids' clocks are exact.
             if held is not None:
-                await asyncio.to_thread(_resume, worker, held)
-            sent_at = time.monotonic()
-            await worker.send({**command, "nonce": nonce})
-            event = await worker.expect({reply, "error"}, self.deadline)
-            wall_s = clocked_s = time.monotonic() - sent_at
-            if hold and event is not None and event["event"] == reply:
-                # One scan of the job's processes both stops them and reads their clocks.
-                stopped, cpu_after = await asyncio.to_thread(_stop_and_clock, worker)
-                self.held[worker.proc.pid] = stopped
-            elif on_cpu:
-                cpu_after = await asyncio.to_thread(_job_cpu_s, worker)
-            if on_cpu:
-                clocked_s = (cpu_after - cpu_before) / self.settings.threads_per_worker
+                cpu_before = await asyncio.to_thread(_cpu_clocks_s, held)
+            else:
+                cpu_before = await asyncio.to_thread(_job_cpu_s, worker)
+        if held is not None:
+            await asyncio.to_thread(_resume, [worker], held)
+        sent_at = time.monotonic()
+        await worker.send({**command, "nonce": nonce})
+        event = await worker.expect({reply, "error"}, self.deadline)
+        wall_s = clocked_s = time.monotonic() - sent_at
+        if hold and event is not None and event["event"] == reply:
+            # One scan of the job's processes both stops them and reads their clocks.
+            stopped, cpu_after = await asyncio.to_thread(_stop_and_clock, worker)
+            self.held[worker.proc.pid] = stopped
+        elif on_cpu:
+            cpu_after = await asyncio.to_thread(_job_cpu_s, worker)
+        if on_cpu:
+            clocked_s = (cpu_after - cpu_before) / self.settings.threads_per_worker
         if event is None and time.monotonic() >= self.deadline:
             raise CandidateFailure  # the evaluation's time ran out (the verdict says so), whoever was running
         if worker is self.timer and (event is None or event["event"] == "error"):
@@ -732,7 +741,7 @@ class Judge:
             yield
         finally:
             if stopped:
-                await asyncio.to_thread(_signal_jobs, others, signal.SIGCONT)
+                await asyncio.to_thread(_resume, others, stopped)
 
     async def _timer_output(self, timer: Worker, call: int) -> Any:
         """The reference's output of one call of its last block (the same inputs as the candidate's call)."""
@@ -992,7 +1001,7 @@ def _hand_over(worker: Worker, reference: ReferenceData, trials: range) -> None:
 def _job_cpu_s(worker: Worker) -> float:
     """CPU seconds used so far by the processes of a worker's job, every thread counted (those that exited too),
     read from the kernel's per-process CPU clocks."""
-    return _cpu_clocks_s([proc.pid for proc in sandbox.processes_of(worker.uid, [worker.proc.pid])])
+    return _cpu_clocks_s(sandbox.job_pids(worker.uid, [worker.proc.pid]))
 
 
 def _cpu_clocks_s(pids: list[int]) -> float:
@@ -1011,10 +1020,12 @@ def _stop_and_clock(worker: Worker) -> tuple[list[int], float]:
     return stopped, _cpu_clocks_s(stopped)
 
 
-def _resume(worker: Worker, pids: list[int]) -> None:
-    """SIGCONT what _stop_and_clock stopped: nothing of the job ran since, so no scan is needed."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(worker.proc.pid, signal.SIGCONT)
+def _resume(workers: list[Worker], pids: list[int]) -> None:
+    """SIGCONT what _signal_jobs stopped: nothing of those jobs ran since (a stopped process cannot fork), so no
+    scan is needed."""
+    for worker in workers:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(worker.proc.pid, signal.SIGCONT)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGCONT)
@@ -1026,10 +1037,10 @@ def _signal_jobs(workers: list[Worker], signum: int) -> list[int]:
     for worker in workers:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(worker.proc.pid, signum)
-        for proc in sandbox.processes_of(worker.uid, [worker.proc.pid]):
+        for pid in sandbox.job_pids(worker.uid, [worker.proc.pid]):
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(proc.pid, signum)
-                pids.append(proc.pid)
+                os.kill(pid, signum)
+                pids.append(pid)
     return pids
 
 

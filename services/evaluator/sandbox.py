@@ -488,25 +488,57 @@ def write_readonly_file(path: Path, data: bytes) -> None:
     os.chmod(path, 0o444)
 
 
+def _process_table() -> dict[int, tuple[int, set[int]]]:
+    """Every process of the host: pid -> (parent pid, its real and effective uids), from one read of each
+    /proc/<pid>/status. The judge scans several times per timed block; psutil's tree walk and uid scan read two
+    files per process and build an object for each (on a GPU host most of an evaluation's time went there)."""
+    table: dict[int, tuple[int, set[int]]] = {}
+    with os.scandir("/proc") as entries:
+        pids = [int(entry.name) for entry in entries if entry.name.isdigit()]
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status", "rb") as handle:
+                status = handle.read()
+        except OSError:
+            continue  # exited meanwhile
+        ppid, uids = -1, set()
+        for line in status.splitlines():
+            if line.startswith(b"PPid:"):
+                ppid = int(line.split()[1])
+            elif line.startswith(b"Uid:"):
+                uids = {int(v) for v in line.split()[1:3]}
+                break  # Uid comes after PPid
+        table[pid] = (ppid, uids)
+    return table
+
+
+def job_pids(uid: int | None, root_pids: list[int]) -> list[int]:
+    """Pids of a worker's job: the roots that are alive, their descendants, and in strict isolation every process
+    whose real or effective uid is the job's (one scan of /proc)."""
+    table = _process_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found = [pid for pid in root_pids if pid in table]
+    seen = set(found)
+    for pid in found:  # grows while it is walked: every descendant
+        for child in children.get(pid, ()):
+            if child not in seen:
+                seen.add(child)
+                found.append(child)
+    if uid is not None:
+        found += [pid for pid, (_, uids) in table.items() if uid in uids and pid not in seen]
+    return [pid for pid in found if pid != os.getpid()]
+
+
 def processes_of(uid: int | None, root_pids: list[int]) -> list[psutil.Process]:
     import psutil  # service side only; workers never import it
 
-    found: dict[int, psutil.Process] = {}
-    for pid in root_pids:
-        # Processes exit while their /proc entries are read: psutil then raises its own errors, and sometimes
-        # others from a half-read entry (seen: RuntimeError from create_time on a GPU host). The uid scan below
-        # still finds what the tree walk missed.
-        with contextlib.suppress(psutil.Error, OSError, RuntimeError, IndexError, ValueError):
-            proc = psutil.Process(pid)
-            found[pid] = proc
-            found.update({child.pid: child for child in proc.children(recursive=True)})
-    if uid is not None:
-        for proc in psutil.process_iter(["uids"]):
-            uids = proc.info.get("uids")
-            if uids is not None and uid in (uids.real, uids.effective):
-                found[proc.pid] = proc
-    found.pop(os.getpid(), None)
-    return list(found.values())
+    found = []
+    for pid in job_pids(uid, root_pids):
+        with contextlib.suppress(psutil.Error):
+            found.append(psutil.Process(pid))
+    return found
 
 
 def kill_all(uid: int | None, root_pid: int, rounds: int = 50) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -11,7 +14,7 @@ import psutil
 import pytest
 
 from services.evaluator.pool import uid_count
-from services.evaluator.sandbox import child_env
+from services.evaluator.sandbox import child_env, job_pids
 from tests.evaluator import sources
 from tests.evaluator.conftest import WORKERS, evaluate, sandbox_uid_base
 from tests.servers import REPO
@@ -43,6 +46,23 @@ def test_workers_never_import_from_a_folder_other_users_can_write(tmp_path: Path
     entries = [loose, sticky / "site", open_parent / "site", kept]
     env = child_env(tmp_path, build_jobs=2, threads=1, source={"PYTHONPATH": ":".join(map(str, entries))})
     assert env["PYTHONPATH"].split(":") == [str(REPO), str(sticky / "site"), str(kept)]
+
+
+def test_a_jobs_processes_are_its_root_and_every_descendant() -> None:
+    """One scan of /proc finds a process tree as psutil's tree walk does (a grandchild included), and nothing else."""
+    shell = subprocess.Popen(["sh", "-c", "sleep 30 & (sleep 30 & wait) & wait"])
+    try:
+        deadline = time.monotonic() + 10
+        while len(psutil.Process(shell.pid).children(recursive=True)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        expected = {shell.pid, *(child.pid for child in psutil.Process(shell.pid).children(recursive=True))}
+        assert len(expected) == 4
+        assert set(job_pids(None, [shell.pid])) == expected
+        assert job_pids(None, [2**22 + 1]) == []  # no such process
+    finally:
+        for pid in job_pids(None, [shell.pid]):
+            os.kill(pid, signal.SIGKILL)
+        shell.wait()
 
 
 def test_child_environment_drops_secrets(tmp_path: Path) -> None:
