@@ -45,7 +45,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m services.evaluato
     from services.evaluator.app import create_app
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+    # asyncio's own loop, never uvloop (which uvicorn picks when it is installed): uvloop's connect_read_pipe, which
+    # reads each worker's events, closes the pipe's descriptor twice (MagicStack/uvloop#763), and the second close
+    # hits whatever the service opened with that number meanwhile in another thread. On the GPU machine, whose image
+    # has uvloop, evaluations ended evaluator_error with EBADF in write_bytes and ENOTDIR from scandir("/proc").
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level, loop="asyncio")
 
 
 if __name__ == "__main__":

@@ -136,6 +136,17 @@ raise RuntimeError(f"READ {{outcomes!r}}")
             Path(path).unlink(missing_ok=True)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the service is not dumpable: only root reads its memory map")
+def test_the_service_never_runs_on_uvloop(evaluator_url: str) -> None:
+    """uvloop's connect_read_pipe, with which the service reads each worker's events, closes the pipe's descriptor
+    twice (MagicStack/uvloop#763); the second close hit files the service had just opened in other threads (EBADF,
+    ENOTDIR: evaluator_error on the GPU machine, whose image has uvloop). Where uvloop is installed, the service must
+    not load it."""
+    pytest.importorskip("uvloop")
+    maps = Path(f"/proc/{service_pid(evaluator_url)}/maps").read_text()
+    assert "uvloop" not in maps
+
+
 def service_pid(url: str) -> int:
     port = str(urlparse(url).port)
     for proc in psutil.process_iter(["cmdline"]):
