@@ -347,7 +347,7 @@ def compare_outputs(
             return Comparison(False, f"trial {trial}: unreadable output ({type(exc).__name__}: {exc})"[:500])
         finally:
             del data
-        if committed is not None and not committed(produced.get("outputs") if isinstance(produced, dict) else None):
+        if committed is not None and not _committed(committed, produced):
             return Comparison(False, f"trial {trial}: not the output the worker committed to", uncommitted=True)
         try:
             reason, trial_mutated = compare_trial(
@@ -362,6 +362,15 @@ def compare_outputs(
         if reason:
             return Comparison(False, f"trial {trial}: {reason}", *_maxima(all_errors), input_mutation=mutated)
     return Comparison(True, "", *_maxima(all_errors), input_mutation=mutated)
+
+
+def _committed(committed: Callable[[Any], bool], produced: Any) -> bool:
+    """Whether a trial's outputs are the committed ones; outputs the check cannot even read (a sparse or meta
+    tensor, which torch.load accepts) are not: the worker's digest could not have read them either."""
+    try:
+        return committed(produced.get("outputs") if isinstance(produced, dict) else None)
+    except Exception:
+        return False
 
 
 def _timed_out(errors: list[tuple[float, float]], mutated: bool) -> Comparison:

@@ -99,13 +99,14 @@ def _tensors(output: Any) -> list[torch.Tensor]:
 def _draw(values: torch.Tensor, seed: int, dtype: torch.dtype) -> tuple[tuple[torch.Tensor, ...] | None, torch.Tensor]:
     """The positions a digest reads in `values` (None: all of them) and a weight in [-1, 1] for each, drawn from
     `seed` on the CPU (the same on every device) and moved to `values`' device."""
-    generator = torch.Generator().manual_seed(seed)
+    # Every device named: a candidate or reference may have set a default device (torch.set_default_device).
+    generator = torch.Generator(device="cpu").manual_seed(seed)
     numel = values.numel()
     positions = None
     if numel > SAMPLE_ELEMENTS:
-        flat = torch.randint(numel, (SAMPLE_ELEMENTS,), generator=generator)
+        flat = torch.randint(numel, (SAMPLE_ELEMENTS,), generator=generator, device="cpu")
         positions = tuple(p.to(values.device) for p in torch.unravel_index(flat, values.shape))
-    w = torch.rand(min(numel, SAMPLE_ELEMENTS), generator=generator, dtype=dtype).mul_(2).sub_(1)
+    w = torch.rand(min(numel, SAMPLE_ELEMENTS), generator=generator, dtype=dtype, device="cpu").mul_(2).sub_(1)
     return positions, w.to(values.device)
 
 

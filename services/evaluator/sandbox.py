@@ -56,6 +56,7 @@ MOUNT_OPTION_FLAGS = {
     "nodiratime": 0x800,
     "relatime": 0x200000,
     "strictatime": 0x1000000,
+    "nosymfollow": 0x100,
 }
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
@@ -398,17 +399,16 @@ def probe_main() -> None:
 
 
 def writable_by_others(path: str) -> bool:
-    """Whether a user other than its owner (a job's uid) can put a file at `path`: it is world-writable, or one of
-    its parents is world-writable without the sticky bit (the folder itself can then be replaced)."""
+    """Whether a user other than its owner (a job's uid) could put a file at `path`: it does not exist yet (whoever
+    creates it decides), it is world-writable, or a parent of it (as written or resolved) is world-writable without
+    the sticky bit (the folder itself can then be replaced)."""
     try:
         if os.stat(path).st_mode & stat.S_IWOTH:
             return True
-        return any(
-            (mode := os.stat(parent).st_mode) & stat.S_IWOTH and not mode & stat.S_ISVTX
-            for parent in Path(path).resolve().parents
-        )
+        parents = {*Path(path).parents, *Path(path).resolve().parents}
+        return any((mode := os.stat(parent).st_mode) & stat.S_IWOTH and not mode & stat.S_ISVTX for parent in parents)
     except OSError:
-        return False
+        return True
 
 
 _warned_python_path: set[str] = set()

@@ -347,3 +347,24 @@ def test_truncate_keeps_head_and_tail() -> None:
     text = "HEAD" + "x" * 10_000 + "TAIL"
     short = truncate(text, 1000)
     assert len(short) <= 1000 and short.startswith("HEAD") and short.endswith("TAIL") and "cut" in short
+
+
+@pytest.mark.parametrize(
+    "saved",
+    [torch.ones(1), torch.ones(1).to_sparse(), torch.ones(1, device="meta"), None],
+    ids=["other_fingerprint", "sparse", "meta", "none"],
+)
+def test_an_output_that_is_not_the_committed_one_is_never_an_error(tmp_path: Path, saved: object) -> None:
+    """A saved output whose fingerprint differs from the one committed, or cannot be computed at all (torch.load
+    takes sparse and meta tensors), is `uncommitted`: compare_outputs never raises for it."""
+    from services.evaluator import output_digest
+
+    (tmp_path / "out").mkdir()
+    torch.save({"outputs": saved, "inputs_after": []}, tmp_path / "out" / "0.pt")
+    committed = output_digest.call_fingerprint(torch.full((1,), 2.0), 1)
+    result = compare_file(tmp_path / "out", committed=lambda out: output_digest.call_fingerprint(out, 1) == committed)
+    assert result.uncommitted and not result.correct
+    save_ones(tmp_path / "out" / "0.pt")
+    ones = output_digest.call_fingerprint(torch.ones(1), 1)
+    result = compare_file(tmp_path / "out", committed=lambda out: output_digest.call_fingerprint(out, 1) == ones)
+    assert result.correct and not result.uncommitted

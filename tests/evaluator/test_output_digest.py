@@ -159,3 +159,14 @@ def test_an_output_computed_again_exactly_does_not_match_a_low_precision_one() -
 def test_malformed_fingerprints_are_not_valid(fingerprints) -> None:  # noqa: ANN001
     assert not output_digest.valid_fingerprints(fingerprints, CALLS)
     assert output_digest.valid_fingerprints(output_digest.block_digest(outputs(0), 1)[1], CALLS)
+
+
+def test_a_default_device_set_by_the_candidate_changes_nothing() -> None:
+    """Positions and weights are drawn on the CPU whatever default device the process has set."""
+    calls = outputs(0)
+    expected = output_digest.block_digest(calls, 4)
+    torch.set_default_device("meta")
+    try:
+        assert output_digest.block_digest(calls, 4) == expected
+    finally:
+        torch.set_default_device(None)

@@ -29,21 +29,25 @@ def test_workers_import_from_the_services_python_path(tmp_path: Path) -> None:
     """A package installed beside the service through PYTHONPATH (tree-sitter on the GPU machine) imports in its
     workers too: without it every split build there quietly built whole. The project comes first; a relative entry,
     which would resolve against the worker's own directory, is left out."""
-    env = child_env(tmp_path, build_jobs=2, threads=1, source={"PYTHONPATH": f"/opt/site:relative:{REPO}"})
-    assert env["PYTHONPATH"].split(":") == [str(REPO), "/opt/site"]
+    site = tmp_path / "site"
+    site.mkdir(mode=0o755)
+    env = child_env(tmp_path, build_jobs=2, threads=1, source={"PYTHONPATH": f"{site}:relative:{REPO}"})
+    assert env["PYTHONPATH"].split(":") == [str(REPO), str(site)]
     assert child_env(tmp_path, build_jobs=2, threads=1, source={})["PYTHONPATH"] == str(REPO)
 
 
 def test_workers_never_import_from_a_folder_other_users_can_write(tmp_path: Path) -> None:
-    """A worker runs its import path's sitecustomize.py as root before the sandbox: a world-writable entry, or one
-    inside a world-writable folder without the sticky bit (it can be renamed away and replaced), is left out."""
+    """A worker runs its import path's sitecustomize.py as root before the sandbox: a world-writable entry, one
+    inside a world-writable folder without the sticky bit (it can be renamed away and replaced), or one that does not
+    exist yet, is left out."""
     loose, sticky, open_parent, kept = tmp_path / "loose", tmp_path / "sticky", tmp_path / "open", tmp_path / "kept"
+    missing = tmp_path / "not-there-yet"  # whoever creates it decides what it holds
     for folder, mode in ((loose, 0o777), (sticky, 0o1777), (open_parent, 0o777), (kept, 0o755)):
         folder.mkdir()
         folder.chmod(mode)
     (sticky / "site").mkdir(mode=0o755)
     (open_parent / "site").mkdir(mode=0o755)
-    entries = [loose, sticky / "site", open_parent / "site", kept]
+    entries = [loose, sticky / "site", open_parent / "site", missing, kept]
     env = child_env(tmp_path, build_jobs=2, threads=1, source={"PYTHONPATH": ":".join(map(str, entries))})
     assert env["PYTHONPATH"].split(":") == [str(REPO), str(sticky / "site"), str(kept)]
 
