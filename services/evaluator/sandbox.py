@@ -428,7 +428,11 @@ def worker_python_path(service_python_path: str) -> str:
         if writable_by_others(entry):
             if entry not in _warned_python_path:
                 _warned_python_path.add(entry)
-                log.warning("%s is on PYTHONPATH but other users can write to it: workers do not import from it", entry)
+                log.warning(
+                    "%s is on PYTHONPATH but does not exist or other users can write to it: workers do not import "
+                    "from it",
+                    entry,
+                )
             continue
         own.append(entry)
     return os.pathsep.join(dict.fromkeys([str(Path(__file__).resolve().parents[2]), *own]))
