@@ -296,9 +296,8 @@ class Block:
     clocked_s: float
     wall_s: float
     digest: Any = None
-    # One fingerprint per call of the outputs digested (output_digest), and the digest's seed.
+    # One fingerprint per call of the outputs digested (output_digest).
     fingerprints: list[str] | None = None
-    digest_seed: int | None = None
     drawn_s: float = 0.0
     digest_s: float = 0.0
 
@@ -630,9 +629,9 @@ class Judge:
             last = index == self.request.timing_trials - 1
             if last or random.random() < CHECK_PROBABILITY:
                 call = random.randrange(calls)
-                block = blocks["candidate"][-1]
-                assert block.fingerprints is not None and block.digest_seed is not None
-                committed = (block.digest_seed, block.fingerprints[call])
+                fingerprints = blocks["candidate"][-1].fingerprints
+                assert fingerprints is not None
+                committed = (digest_seed, fingerprints[call])
                 if not await self._check(candidate, call, await self._timer_output(timer, call), committed):
                     self.run_state.flags["stale_output"] = (
                         f"the output of timed call {call} of block {index} was wrong (an answer cached or computed "
@@ -668,11 +667,7 @@ class Judge:
             if digest_seed is not None:
                 command = {"op": "digest", "seed": digest_seed}
                 reply, block.digest_s, _ = await self._command(worker, command, "digested", clocked=True)
-                block.digest, block.fingerprints, block.digest_seed = (
-                    reply.get("digest"),
-                    reply.get("fingerprints"),
-                    digest_seed,
-                )
+                block.digest, block.fingerprints = reply.get("digest"), reply.get("fingerprints")
                 if not output_digest.valid(block.digest) or not output_digest.valid_fingerprints(
                     block.fingerprints, calls
                 ):
