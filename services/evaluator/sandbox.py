@@ -252,7 +252,7 @@ def isolate_filesystem(keep: list[str], home: str) -> None:
     private = {d for d in PRIVATE_DIRS if os.path.isdir(d)}
     hide = private | {a for p in keep if (a := _untraversable_ancestor(p))}
     hide = {d for d in hide if not any(d.startswith(o + "/") for o in hide)}
-    covered = [p for p in keep if any(p == d or p.startswith(d + "/") for d in hide)]
+    covered = [p for p in keep if any(_under(p, d) for d in hide)]
     roots = [p for p in covered if not any(p.startswith(o + "/") for o in covered)]
     _check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
