@@ -76,7 +76,8 @@ def identical_kernel_spread(turns: list[dict]) -> float | None:
     with `reuse_evaluations: false`): how much of a group's reward spread is timing noise. None without repeats."""
     speedups: dict[tuple, list[float]] = {}
     for turn in turns:
-        if turn.get("speedup") is not None and not turn.get("evaluation_reused"):
+        measured = not turn.get("evaluation_reused") and not turn.get("scored_as_baseline")
+        if turn.get("speedup") is not None and measured:
             key = (turn["update"], turn["problem_id"], turn["kernel_hash"])
             speedups.setdefault(key, []).append(turn["speedup"])
     spreads = [statistics.pstdev(v) / statistics.fmean(v) for v in speedups.values() if len(v) > 1]

@@ -97,6 +97,12 @@ class TrainConfig(BaseModel):
     reuse_evaluations: bool = True
     """Evaluate a kernel once per update when several samples of a problem produce it (they share its verdict
     and reward); False evaluates every sample's kernel, so identical kernels differ by timing noise."""
+    reference_is_baseline: bool = True
+    """A kernel that is the problem's reference as a program (the implementer changed nothing, or changed it back)
+    takes the baseline's verdict without an evaluation: correct, speedup 1 by definition, so reward
+    reward_correct_bonus + 1. Timing the reference against itself measures only noise, and that noise would be the
+    advantage of a group whose samples left the kernel alone. Not applied with require_custom_kernel (the reference
+    launches no kernel of its own, and the evaluator rejects it)."""
 
     # --- returns, advantages, loss ---
     gamma: float = 0.4

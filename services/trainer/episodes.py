@@ -28,6 +28,7 @@ from shared.contracts import (
     MAX_SUGGESTION_CHARS,
     EvaluateRequest,
     EvaluationResult,
+    EvaluationStatus,
     HealthResponse,
     ImplementRequest,
 )
@@ -137,6 +138,7 @@ class Turn:
     speedup: float | None = None
     eval_latency_s: float | None = None
     evaluation_reused: bool = False
+    scored_as_baseline: bool = False  # C is the reference: the baseline's verdict, not evaluated
     kernel_changed: bool | None = None  # C differs from B as a program; None when no kernel came back
     ret: float = 0.0
     advantage: float = 0.0
@@ -151,6 +153,16 @@ class EpisodeState:
     suggestion: str = ""
     verdict: str = REFERENCE_VERDICT
 
+
+# The verdict of a kernel that is the problem's reference (ServiceSettings.reference_is_baseline): the baseline itself,
+# correct and as fast as itself by definition.
+BASELINE = EvaluationResult(
+    status=EvaluationStatus.correct,
+    compiled=True,
+    correct=True,
+    speedup=1.0,
+    message="the problem's reference: the baseline (speedup 1), not evaluated",
+)
 
 Evaluation = tuple[EvaluationResult | None, float, str]
 """What `Services.evaluate` returns: the result (None when the evaluator failed), latency in s, message."""
@@ -169,6 +181,7 @@ class ServiceSettings:
     rewards: RewardValues
     reuse_evaluations: bool = True
     techniques: str = ""  # the implementer's technique menu for the prompt (prompt_techniques), or none
+    reference_is_baseline: bool = False
 
 
 def reference_as_candidate(reference_source: str) -> str:
@@ -280,6 +293,7 @@ def make_services(config: TrainConfig, techniques: str = "") -> Services:
         rewards,
         config.reuse_evaluations,
         techniques,
+        config.reference_is_baseline and not config.require_custom_kernel,
     )
     return Services(implementers, evaluators, settings)
 
@@ -329,7 +343,11 @@ async def _evaluate_turns(
         turn.kernel_hash = kernel_hash(candidate)
         key = (turn.group, turn.kernel_hash)
         task = evaluations.get(key) if services.settings.reuse_evaluations else None
-        if task is None:
+        result: EvaluationResult | None
+        if services.settings.reference_is_baseline and same_program(problem.source, candidate):
+            turn.scored_as_baseline = True
+            result, turn.message = BASELINE, BASELINE.message
+        elif task is None:
             task = asyncio.ensure_future(services.evaluate(problem.source, candidate, input_seed))
             evaluations[key] = task
             result, turn.eval_latency_s, turn.message = await task

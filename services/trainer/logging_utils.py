@@ -29,6 +29,7 @@ EPISODE_FIELDS = (
     "speedup",
     "eval_latency_s",
     "evaluation_reused",
+    "scored_as_baseline",
     "kernel_changed",
     "finished",
     "message",

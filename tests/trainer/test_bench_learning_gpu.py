@@ -55,7 +55,7 @@ def test_left_out_samples_count_for_the_kernel_changed_share_not_the_reward():
     samples = [sample("a", 1.3, False), sample("a", None, None), sample("a", 2.3, True), sample("b", -1.0, True)]
     assert bench.by_problem(samples, "reward") == {"a": [1.3, 2.3], "b": [-1.0]}
     assert bench.by_problem(samples, "kernel_changed") == {"a": [0.0, 0.0, 1.0], "b": [1.0]}
-    assert bench.by_problem(samples, "unchanged_kernel_reward") == {"a": [1.3], "b": []}
+    assert bench.by_problem(samples, "changed_kernel_reward") == {"a": [2.3], "b": [-1.0]}
 
 
 def test_report_compares_the_two_evals_and_draws_the_curve(tmp_path):
@@ -82,9 +82,9 @@ def test_report_compares_the_two_evals_and_draws_the_curve(tmp_path):
     report = bench.build_report(run, tmp_path / "out", resamples=200)
     assert report["reward"]["difference"]["mean"] == pytest.approx(1.0)
     assert report["kernel_changed"]["after"]["mean"] == 1.0
-    # no sample after training left its kernel unchanged: the drift control has no after, and no difference
-    assert report["unchanged_kernel_reward"]["before"]["mean"] == pytest.approx(1.3)
-    assert report["unchanged_kernel_reward"]["difference"] == {"mean": None, "ci95": None}
+    # no sample before training changed its kernel: the changed kernels' reward has no before, and no difference
+    assert report["changed_kernel_reward"]["after"]["mean"] == pytest.approx(2.3)
+    assert report["changed_kernel_reward"]["difference"] == {"mean": None, "ci95": None}
     assert report["target"]["met"] is True
     assert report["training"]["updates"] == 6
     assert set(report["reward_per_problem"]) == {"a", "b"}

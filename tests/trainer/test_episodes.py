@@ -271,3 +271,35 @@ def test_the_next_prompt_says_how_kernel_b_fared(tokenizer):
     assert all("it is the reference" in text for text in seen[0])
     assert "it does not compile. kernel.cu(12): error: expected a ';'" in seen[1][0]  # B is the broken kernel
     assert "correct, 2.00x the reference's speed." in seen[1][1]  # reference 2 ms, candidate 1 ms
+
+
+def test_the_reference_itself_takes_the_baseline_verdict_unevaluated(tokenizer):
+    from services.trainer.episodes import make_services
+
+    evaluator = ScriptedEvaluator()
+    settings = ServiceSettings(
+        "cuda", "auto", 5, 1, 1, False, None, True, RewardValues(speedup_cap=0.5), reference_is_baseline=True
+    )
+    services = Services(
+        ReplicaPool(["i"], lambda _: RenamingImplementer()), ReplicaPool(["e"], lambda _: evaluator), settings
+    )
+    suggestions = ["make it faster", "fuse", "make it faster"]
+
+    def generate(prompts):
+        return [([7, 2], suggestions[j], True) for j in range(len(prompts))]
+
+    turns = asyncio.run(run_episodes([FakeProblem()], 3, 2, tokenizer, generate, services, 1024, input_seed=3))
+    by = {(t.trajectory, t.turn): t for t in turns}
+    # only "fuse" changed the program: evaluated once, at turn 0 (turn 1 re-prints it: the verdict is reused)
+    assert evaluator.seeds == [3] and by[(1, 1)].evaluation_reused
+    for j in (0, 2):
+        for t in (0, 1):
+            baseline = by[(j, t)]
+            assert baseline.scored_as_baseline and baseline.verdict == "correct" and baseline.speedup == 1.0
+            assert baseline.reward == 0.3 + 0.5  # the reward function's own cap applies to it too
+            assert baseline.eval_latency_s is None
+    assert not by[(1, 0)].scored_as_baseline and by[(1, 0)].speedup == 1.0  # measured: 2 ms against 2 ms
+    # with require_custom_kernel the evaluator rejects the reference, so it is sent like any kernel
+    urls = {"evaluator_urls": ["http://127.0.0.1:1"], "implementer_urls": ["http://127.0.0.1:2"]}
+    assert not make_services(TrainConfig(require_custom_kernel=True, **urls)).settings.reference_is_baseline
+    assert make_services(TrainConfig(**urls)).settings.reference_is_baseline
