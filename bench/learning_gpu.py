@@ -21,6 +21,12 @@ suggestions that changed the kernel, and the mean reward of those that did, with
 resampled within each problem, so every resample keeps the problem mix; seeded). A changed kernel is timed against
 the reference in the same evaluation, so a drift of the machine's timing between the two evals moves both sides.
 
+The eval runs 4 problems (32 samples) at a time and appends each chunk to eval-LABEL.partial.jsonl in the run
+directory as it ends; it starts a chunk only when the longest one so far fits the time left, and otherwise stops
+the invocation (later phases not run): the same phase in the next call goes on from there. An `after` eval takes
+longer than `before` once the policy changes kernels: every changed kernel is an evaluation (on the H100, 17 for
+the initial policy's 176 samples, about 150 after 59 updates, at about 6 s each with 8 in flight).
+
 --max-minutes (8.5) bounds the whole invocation, service start-up included: the device machine kills a command at
 10 minutes. A later `after` phase in the same invocation is reserved 1.5x the `before` eval's time.
 
@@ -44,6 +50,7 @@ PREP below joins and installs them:
                                                       python3 bench/learning_gpu.py train --out $OUT/learning_gpu
   last    a new machine: call 1, then carry .cache/smollm2-b .whl runs/learning_gpu (about 33 + 9 + 12 MiB) and
           $PREP && python3 bench/learning_gpu.py train after report --out $OUT/learning_gpu
+          (and `after report` again, as long as the after eval says it stopped early)
 Each call takes at most --max-minutes (8.5) plus the machine's start; `train` stops by itself at --updates (the
 config's 80).
 
@@ -82,6 +89,8 @@ PHASES = ("before", "train", "after", "report")
 TRAINER_STOP_S = 60.0
 # Reserved for an `after` eval when no `before` eval was timed, and for the report and the archive.
 AFTER_EVAL_DEFAULT_S = 180.0
+# Problems per chunk of a held-out eval: 32 samples, as many as a training update sends at once.
+EVAL_CHUNK_PROBLEMS = 4
 WRAP_UP_S = 20.0
 BOOTSTRAP_RESAMPLES = 2000
 # The issue's target: after-training mean reward above before, its interval excluding 0, and at least +30 %.
@@ -244,9 +253,12 @@ def checkpoint_update(checkpoint: Path) -> int:
     return int(json.loads((checkpoint / "state.json").read_text())["update"])
 
 
-def held_out_eval(label: str, trainer_argv: list[str], args: argparse.Namespace) -> dict[str, Any]:
+def held_out_eval(label: str, trainer_argv: list[str], args: argparse.Namespace, deadline: float) -> bool:
     """`label` ("before": the initial policy; "after": the newest checkpoint) sampled --eval-samples times per
-    problem, one turn each, through the services; the result goes to eval-LABEL.json in the run dir and in --out."""
+    problem, one turn each, through the services, EVAL_CHUNK_PROBLEMS problems at a time. Each chunk's samples are
+    appended to eval-LABEL.partial.jsonl in the run dir as it ends, and a chunk starts only if the longest chunk so
+    far fits before `deadline` (time.monotonic()): a later invocation of the same phase goes on from there. Returns
+    whether the eval is complete; then the result is eval-LABEL.json in the run dir and in --out."""
     import torch
 
     from problems import load_problems
@@ -257,77 +269,114 @@ def held_out_eval(label: str, trainer_argv: list[str], args: argparse.Namespace)
     from services.trainer.policy import load_policy
     from services.trainer.prompts import technique_menu
 
-    start = time.perf_counter()
     config, _ = load_config(trainer_argv)  # the trainer's own parsing of the same flags
     # Every changed kernel timed on its own: with reuse, the samples that write the same kernel share one timing,
     # and a before/after difference made of that one timing's noise would get an interval too narrow.
     config.reuse_evaluations = False
-    token = os.environ.get(config.api_token_env) or None
-    answers = check_services(config.evaluator_urls, config.implementer_urls, token, config.request_retries)
-    menu = technique_menu(published_vocabulary(answers, config.implementer_urls)) if config.prompt_techniques else ""
     checkpoint = latest_checkpoint(args.run_dir) if label == "after" else None
     if label == "after" and checkpoint is None:
         raise SystemExit(f"after: no checkpoint in {args.run_dir}; run the train phase first")
-    device = torch.device(args.device)
-    torch.manual_seed(config.seed)
-    policy = load_policy(config, device, resume_weights=checkpoint / "model" if checkpoint else None)
-    check_prompt_budget(policy.tokenizer, config, menu)
+    policy_name = str(checkpoint.name) if checkpoint else "initial (no adapter weights)"
     problems = load_problems(config.problems)[: args.eval_problems]
-    services = make_services(config, menu)
-    torch.manual_seed(config.seed)  # one sampling stream for both evals
-    loop = asyncio.new_event_loop()
-    try:
-        turns = loop.run_until_complete(
-            run_episodes(
-                problems,
-                args.eval_samples,
-                1,
-                policy.tokenizer,
-                policy.generate,
-                services,
-                config.max_prompt_tokens,
-                # update 0's inputs: training draws those of updates 1, 2, ...
-                input_seed=evaluation_seed(config.seed, 0),
-            )
-        )
-    finally:
-        loop.run_until_complete(services.aclose())
-        loop.close()
-    del policy
-    if device.type == "cuda":
-        torch.cuda.empty_cache()  # the trainer, started next, gets the memory
-    samples = [
-        {
-            "problem_id": t.problem_id,
-            "suggestion": t.suggestion,
-            "implement_status": t.implement_status,
-            "verdict": t.verdict,
-            "reward": t.reward,
-            "speedup": t.speedup,
-            "kernel_changed": t.kernel_changed,
-        }
-        for t in turns
-    ]
+    chunks = [problems[i : i + EVAL_CHUNK_PROBLEMS] for i in range(0, len(problems), EVAL_CHUNK_PROBLEMS)]
+    partial = args.run_dir / f"eval-{label}.partial.jsonl"
+    # Chunks of another policy or another eval size (a partial left by an earlier run) do not count.
+    done = {
+        row["chunk"]: row
+        for row in read_jsonl(partial)
+        if row["policy"] == policy_name
+        and row["samples_per_problem"] == args.eval_samples
+        and row["problems"] == [p.id for p in chunks[row["chunk"]]]
+    }
+    todo = [i for i in range(len(chunks)) if i not in done]
+    if todo:
+        token = os.environ.get(config.api_token_env) or None
+        answers = check_services(config.evaluator_urls, config.implementer_urls, token, config.request_retries)
+        vocabulary = published_vocabulary(answers, config.implementer_urls) if config.prompt_techniques else []
+        menu = technique_menu(vocabulary) if config.prompt_techniques else ""
+        device = torch.device(args.device)
+        torch.manual_seed(config.seed)
+        policy = load_policy(config, device, resume_weights=checkpoint / "model" if checkpoint else None)
+        check_prompt_budget(policy.tokenizer, config, menu)
+        services = make_services(config, menu)
+        loop = asyncio.new_event_loop()
+        try:
+            for i in todo:
+                longest = max((row["wall_s"] for row in done.values()), default=0.0)
+                if deadline - time.monotonic() < 1.2 * longest:
+                    print(
+                        f"{label}: {len(done)} of {len(chunks)} chunks done; the next may not fit the time left; "
+                        f"run the `{label}` phase again to go on",
+                        flush=True,
+                    )
+                    break
+                torch.manual_seed(config.seed + i)  # the same sampling stream per chunk in both evals and on resume
+                start = time.perf_counter()
+                turns = loop.run_until_complete(
+                    run_episodes(
+                        chunks[i],
+                        args.eval_samples,
+                        1,
+                        policy.tokenizer,
+                        policy.generate,
+                        services,
+                        config.max_prompt_tokens,
+                        # update 0's inputs: training draws those of updates 1, 2, ...
+                        input_seed=evaluation_seed(config.seed, 0),
+                    )
+                )
+                done[i] = {
+                    "chunk": i,
+                    "policy": policy_name,
+                    "samples_per_problem": args.eval_samples,
+                    "problems": [p.id for p in chunks[i]],
+                    "wall_s": time.perf_counter() - start,
+                    "samples": [
+                        {
+                            "problem_id": t.problem_id,
+                            "suggestion": t.suggestion,
+                            "implement_status": t.implement_status,
+                            "verdict": t.verdict,
+                            "reward": t.reward,
+                            "speedup": t.speedup,
+                            "kernel_changed": t.kernel_changed,
+                        }
+                        for t in turns
+                    ],
+                }
+                with partial.open("a") as f:
+                    f.write(json.dumps(done[i]) + "\n")
+                print(f"{label}: chunk {i + 1} of {len(chunks)} in {done[i]['wall_s']:.0f} s", flush=True)
+        finally:
+            loop.run_until_complete(services.aclose())
+            loop.close()
+        del policy
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the trainer, started next, gets the memory
+    if len(done) < len(chunks):
+        return False
+    samples = [sample for i in range(len(chunks)) for sample in done[i]["samples"]]
     result = {
         "label": label,
-        "policy": str(checkpoint) if checkpoint else "initial (no adapter weights)",
+        "policy": str(checkpoint) if checkpoint else policy_name,
         "checkpoint_update": checkpoint_update(checkpoint) if checkpoint else 0,
         "problems": len(problems),
         "samples_per_problem": args.eval_samples,
-        "wall_s": time.perf_counter() - start,
+        "wall_s": sum(row["wall_s"] for row in done.values()),  # sampling and services, without start-up
         "summary": eval_summary(samples, BOOTSTRAP_RESAMPLES, config.seed),
         "samples": samples,
     }
     text = json.dumps(result, indent=2)
     (args.run_dir / f"eval-{label}.json").write_text(text)
     (args.out / f"eval-{label}.json").write_text(text)
+    partial.unlink()
     summary = result["summary"]
     print(
         f"{label}: mean reward {shown(summary['reward'])}, kernel changed {shown(summary['kernel_changed'])}, "
         f"{len(samples)} samples, {result['wall_s']:.0f} s",
         flush=True,
     )
-    return result
+    return True
 
 
 def train(trainer_argv: list[str], args: argparse.Namespace, deadline: float) -> int:
@@ -440,7 +489,10 @@ def main() -> int:
             print(f"services up after {time.monotonic() - STARTED:.0f} s", flush=True)
         for position, phase in enumerate(args.phases):
             if phase in ("before", "after"):
-                held_out_eval(phase, trainer_argv, args)
+                if not held_out_eval(phase, trainer_argv, args, deadline - WRAP_UP_S):
+                    pack_run_dir(args.run_dir, args.out)
+                    print(f"stopped: the {phase} eval is not complete; later phases not run", flush=True)
+                    break
             elif phase == "train":
                 reserve = WRAP_UP_S
                 if "after" in args.phases[position + 1 :]:

@@ -90,3 +90,39 @@ def test_report_compares_the_two_evals_and_draws_the_curve(tmp_path):
     assert set(report["reward_per_problem"]) == {"a", "b"}
     assert json.loads((tmp_path / "out" / "report.json").read_text())["target"]["met"] is True
     assert (tmp_path / "out" / "reward_curve.png").exists()
+
+
+def test_an_eval_goes_on_from_its_chunks_and_ignores_another_policys(tmp_path):
+    """Chunks of the initial policy's eval, left by invocations that ran out of time, make the whole eval without a
+    service or a model; a chunk left by another policy (the `after` eval of an older checkpoint) is not used."""
+    import argparse
+
+    from problems import load_problems
+
+    problems = load_problems("builtin")[:6]
+    run = tmp_path / "run"
+    run.mkdir()
+    args = argparse.Namespace(run_dir=run, out=tmp_path / "out", eval_samples=1, eval_problems=6, device="cpu")
+    args.out.mkdir()
+
+    def chunk(i: int, policy: str, reward: float) -> dict:
+        ids = [p.id for p in problems[i * bench.EVAL_CHUNK_PROBLEMS : (i + 1) * bench.EVAL_CHUNK_PROBLEMS]]
+        samples = [sample(p, reward, True) for p in ids]
+        return {
+            "chunk": i,
+            "policy": policy,
+            "samples_per_problem": 1,
+            "problems": ids,
+            "wall_s": 2.0,
+            "samples": samples,
+        }
+
+    initial = "initial (no adapter weights)"
+    rows = [chunk(0, "update-000005", 9.0), chunk(1, initial, 2.0), chunk(0, initial, 1.0)]
+    partial = run / "eval-before.partial.jsonl"
+    partial.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["--config", str(REPO / "configs" / "learning-gpu.yaml"), "--output-dir", str(run)]
+    assert bench.held_out_eval("before", argv, args, deadline=0.0) is True
+    result = json.loads((args.out / "eval-before.json").read_text())
+    assert [s["reward"] for s in result["samples"]] == [1.0] * 4 + [2.0] * 2  # in problem order, 9.0 left out
+    assert result["wall_s"] == 4.0 and not partial.exists()
