@@ -200,7 +200,9 @@ def same_program(before: str, after: str) -> bool:
     renamed `ModelNew`, so a reference the implementer only renamed or re-printed counts as unchanged."""
     try:
         return reference_as_candidate(before) == reference_as_candidate(after)
-    except SyntaxError:
+    # The implementer's output is untrusted text: nesting too deep for the parser raises RecursionError or (Python's
+    # parser stack) MemoryError, which must not stop training.
+    except (SyntaxError, RecursionError, MemoryError):
         return before.strip() == after.strip()
 
 

@@ -303,3 +303,11 @@ def test_the_reference_itself_takes_the_baseline_verdict_unevaluated(tokenizer):
     urls = {"evaluator_urls": ["http://127.0.0.1:1"], "implementer_urls": ["http://127.0.0.1:2"]}
     assert not make_services(TrainConfig(require_custom_kernel=True, **urls)).settings.reference_is_baseline
     assert make_services(TrainConfig(**urls)).settings.reference_is_baseline
+
+
+def test_a_kernel_nested_too_deep_to_parse_is_compared_as_text():
+    from services.trainer.episodes import same_program
+
+    for deep in ("x = " + "-" * 100_000 + "1", "x = 1" + " + 1" * 100_000):
+        assert same_program(REFERENCE, deep) is False
+        assert same_program(deep, deep) is True
