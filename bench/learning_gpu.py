@@ -292,8 +292,9 @@ def held_out_eval(label: str, trainer_argv: list[str], args: argparse.Namespace,
     if todo:
         token = os.environ.get(config.api_token_env) or None
         answers = check_services(config.evaluator_urls, config.implementer_urls, token, config.request_retries)
-        vocabulary = published_vocabulary(answers, config.implementer_urls) if config.prompt_techniques else []
-        menu = technique_menu(vocabulary) if config.prompt_techniques else ""
+        menu = (
+            technique_menu(published_vocabulary(answers, config.implementer_urls)) if config.prompt_techniques else ""
+        )
         device = torch.device(args.device)
         torch.manual_seed(config.seed)
         policy = load_policy(config, device, resume_weights=checkpoint / "model" if checkpoint else None)
@@ -488,11 +489,9 @@ def main() -> int:
             trainer_argv += ["--evaluator-url", evaluator, "--implementer-url", implementer]
             print(f"services up after {time.monotonic() - STARTED:.0f} s", flush=True)
         for position, phase in enumerate(args.phases):
+            complete = True
             if phase in ("before", "after"):
-                if not held_out_eval(phase, trainer_argv, args, deadline - WRAP_UP_S):
-                    pack_run_dir(args.run_dir, args.out)
-                    print(f"stopped: the {phase} eval is not complete; later phases not run", flush=True)
-                    break
+                complete = held_out_eval(phase, trainer_argv, args, deadline - WRAP_UP_S)
             elif phase == "train":
                 reserve = WRAP_UP_S
                 if "after" in args.phases[position + 1 :]:
@@ -504,6 +503,9 @@ def main() -> int:
                 build_report(args.run_dir, args.out)
             if phase != "report":
                 pack_run_dir(args.run_dir, args.out)  # after every phase: a killed invocation still returns its work
+            if not complete:
+                print(f"stopped: the {phase} eval is not complete; later phases not run", flush=True)
+                break
     print(f"done in {time.monotonic() - STARTED:.0f} s", flush=True)
     return max(codes)
 
