@@ -289,15 +289,15 @@ class Evaluator:
 @dataclass
 class Block:
     """One timed block as the judge saw it: the reported milliseconds of its calls, their length by the judge's
-    clock and their wall time (see Judge._command), the reported digest of the outputs (output_digest), and how
-    long drawing the inputs and the digest took by the judge's clock."""
+    clock and their wall time (see Judge._command), the sketch of each call's output its reply committed to and
+    the reported digest of the outputs (output_digest), and how long drawing the inputs and the digest took by the
+    judge's clock."""
 
     ms: list[float]
     clocked_s: float
     wall_s: float
+    sketches: list[str]
     digest: Any = None
-    # One fingerprint per call of the outputs digested (output_digest).
-    fingerprints: list[str] | None = None
     drawn_s: float = 0.0
     digest_s: float = 0.0
 
@@ -629,9 +629,7 @@ class Judge:
             last = index == self.request.timing_trials - 1
             if last or random.random() < CHECK_PROBABILITY:
                 call = random.randrange(calls)
-                fingerprints = blocks["candidate"][-1].fingerprints
-                assert fingerprints is not None
-                committed = (digest_seed, fingerprints[call])
+                committed = blocks["candidate"][-1].sketches[call]
                 if not await self._check(candidate, call, await self._timer_output(timer, call), committed):
                     self.run_state.flags["stale_output"] = (
                         f"the output of timed call {call} of block {index} was wrong (an answer cached or computed "
@@ -663,14 +661,18 @@ class Judge:
             ):
                 self.run_state.flags["result_tampering"] = "a malformed timing reply"
                 raise CandidateFailure
-            block = Block([float(v) for v in ms], clocked_s, wall_s, drawn_s=drawn_s)
+            sketches = reply.get("sketches")
+            if not output_digest.valid_sketches(sketches, calls):
+                self.run_state.flags["result_tampering"] = "a timing reply without a sketch of each call's output"
+                raise CandidateFailure
+            block = Block([float(v) for v in ms], clocked_s, wall_s, sketches, drawn_s=drawn_s)
             if digest_seed is not None:
                 command = {"op": "digest", "seed": digest_seed}
                 reply, block.digest_s, _ = await self._command(worker, command, "digested", clocked=True)
-                block.digest, block.fingerprints = reply.get("digest"), reply.get("fingerprints")
-                if not output_digest.valid(block.digest) or not output_digest.valid_fingerprints(
-                    block.fingerprints, calls
-                ):
+                block.digest = reply.get("digest")
+                if worker is not self.timer:
+                    self.run_state.replaced |= _names(reply.get("replaced"))
+                if not output_digest.valid(block.digest):
                     self.run_state.flags["result_tampering"] = "a malformed digest"
                     raise CandidateFailure
             return block
@@ -758,12 +760,10 @@ class Judge:
         except Exception as exc:
             raise EvaluatorFailure(f"the reference's timed output is unreadable: {type(exc).__name__}: {exc}") from exc
 
-    async def _check(
-        self, candidate: Worker, call: int, expected: Any, committed: tuple[int, str] | None = None
-    ) -> bool:
+    async def _check(self, candidate: Worker, call: int, expected: Any, committed: str) -> bool:
         """Ask for one call's output of the last block and compare it with the reference's on the same inputs.
-        `committed`: the digest's seed and the fingerprint the candidate gave this call's output in its digest; an
-        output saved with another fingerprint was not the one timed and digested (computed again for the check)."""
+        `committed`: the sketch of this call's output in the block's reply; an output saved with another sketch was
+        not the one the timed call produced (filled in or computed again after the block)."""
         self.checks += 1
         nonce = secrets.token_hex(8)
         await candidate.send({"op": "save", "call": call, "check": self.checks, "nonce": nonce})
@@ -773,6 +773,7 @@ class Judge:
         if reply.get("nonce") != nonce:
             self.run_state.flags["result_tampering"] = "a save reply the judge did not ask for"
             raise CandidateFailure
+        self.run_state.replaced |= _names(reply.get("replaced"))
         comparison = await asyncio.to_thread(
             compare_outputs,
             candidate.root / "home" / "checks" / str(self.checks),
@@ -784,12 +785,12 @@ class Judge:
             deadline=self.deadline,
             owner_uid=candidate.uid,
             trusted_root=candidate.root,
-            committed=None if committed is None else functools.partial(_matches_fingerprint, *committed),
+            committed=functools.partial(_matches_sketch, committed),
         )
         if comparison.uncommitted:
             self.run_state.flags["result_tampering"] = (
-                f"the output saved for the check of call {call} is not the one its block digested (computed again "
-                "for the check)"
+                f"the output saved for the check of call {call} is not the one its timed call produced (its sketch "
+                "differs from the one the block's reply committed to: filled in or computed again after the block)"
             )
             raise CandidateFailure
         if comparison.timed_out:
@@ -808,8 +809,8 @@ class Judge:
         if not handed:
             self.run_state.flags["result_tampering"] = "the job replaced the inputs directory the service gave it"
             raise CandidateFailure
-        await self._block(candidate, [], handed_over=recheck)
-        if not await self._check(candidate, 0, self.reference.expected[recheck]):
+        block = await self._block(candidate, [], handed_over=recheck)
+        if not await self._check(candidate, 0, self.reference.expected[recheck], block.sketches[0]):
             self.run_state.flags["stale_output"] = "wrong answer on new inputs in the buffers that were timed"
 
     async def _profile(self, candidate: Worker) -> list[str] | None:
@@ -976,8 +977,8 @@ def judge_timing(
     )
 
 
-def _matches_fingerprint(seed: int, fingerprint: str, outputs: Any) -> bool:
-    return output_digest.call_fingerprint(outputs, seed) == fingerprint
+def _matches_sketch(sketch: str, outputs: Any) -> bool:
+    return output_digest.output_sketch(outputs) == sketch
 
 
 def _hand_over(worker: Worker, reference: ReferenceData, trials: range) -> None:

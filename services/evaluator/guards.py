@@ -1,4 +1,10 @@
-"""Inside a worker: snapshot the functions trusted code relies on, and report the ones candidate code replaced."""
+"""Inside a worker: snapshot the functions trusted code relies on, and report the ones candidate code replaced.
+
+A tripwire, not a wall: it runs in the candidate's own process, so a candidate that edits the guard itself (or the
+interpreter's memory) can silence it. Verdicts that matter do not rest on it: timing is bounded by the judge's
+clock and a checked output by the sketch the block committed to (output_digest). What it catches cheaply is the
+direct route, a name rebound or a function's code swapped, at every digest, save and the end of the job.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +12,11 @@ import builtins
 import sys
 import time
 from collections.abc import Iterable
-from types import ModuleType
+from types import FunctionType, ModuleType
 from typing import Any
 
-# Modules of our own whose globals the worker uses after candidate code ran.
-OWN_MODULES = (
-    "services.evaluator.worker",
-    "services.evaluator.runner",
-    "services.evaluator.build_cache",
-    "services.evaluator.guards",
-    "services.evaluator.sandbox",
-)
+# Our package: every module of it loaded in the worker is watched, with the classes it defines.
+OWN_PACKAGE = "services.evaluator."
 
 
 def _namespaces() -> Iterable[tuple[str, Any]]:
@@ -36,14 +36,33 @@ def _namespaces() -> Iterable[tuple[str, Any]]:
         yield "torch.cuda", sys.modules["torch.cuda"]
         yield "torch.cuda.Event", sys.modules["torch.cuda"].Event
     for name, module in list(sys.modules.items()):
-        if name.startswith("services.evaluator.backends.") or name in OWN_MODULES:
+        if name.startswith(OWN_PACKAGE) and isinstance(module, ModuleType):
             yield name, module
+            for attribute, value in list(vars(module).items()):
+                if isinstance(value, type) and value.__module__ == name:
+                    yield f"{name}.{attribute}", value
 
 
-def _members(namespace: Any) -> dict[str, Any]:
+def _watched(value: Any, own: bool) -> bool:
+    """Callables and classes (data attributes change legitimately); in our own modules and classes also the
+    modules they use by name and the method wrappers (staticmethod, classmethod, property)."""
+    if callable(value) or isinstance(value, type):
+        return True
+    return own and isinstance(value, ModuleType | staticmethod | classmethod | property)
+
+
+def _code(value: Any) -> Any:
+    """The code a function runs (None for what has none): a function whose `__code__` was swapped is replaced too."""
+    function = value.__func__ if isinstance(value, staticmethod | classmethod) else value
+    if isinstance(function, property):
+        function = function.fget
+    return function.__code__ if isinstance(function, FunctionType) else None
+
+
+def _members(label: str, namespace: Any) -> dict[str, tuple[Any, Any]]:
     members = vars(namespace) if isinstance(namespace, ModuleType | type) else {}
-    # Only callables and classes: data attributes (flags, counters) change legitimately.
-    return {name: value for name, value in list(members.items()) if callable(value) or isinstance(value, type)}
+    own = label.startswith(OWN_PACKAGE)
+    return {name: (value, _code(value)) for name, value in list(members.items()) if _watched(value, own)}
 
 
 # Replaced by torch itself when torch._dynamo is imported (torch.compile): `torch._disable_dynamo(original)`.
@@ -54,19 +73,37 @@ def _benign_wrapper(qualified: str, now: Any, original: Any) -> bool:
     return qualified in LIBRARY_WRAPPED and getattr(now, "__wrapped__", None) is original
 
 
-class Guard:
-    """Identity snapshot of trusted callables, taken before candidate code is imported."""
+def _shadows(before: Any, now: Any) -> bool:
+    """Whether an object's attribute changed in a way that matters: a callable put in or taken out (a method
+    shadowed), or a value the worker set up replaced (a buffer the worker fills lazily starts as None)."""
+    return callable(before) or callable(now) or before is not None
 
-    def __init__(self) -> None:
-        self._snapshot = {label: (ns, _members(ns)) for label, ns in _namespaces()}
+
+class Guard:
+    """Identity snapshot of trusted callables (and their code), taken before candidate code is imported, and of
+    the attributes of the objects named in `objects` (the worker's context: the pipe it reads commands from, the
+    backend that times the calls), where a new attribute would shadow a method."""
+
+    def __init__(self, objects: dict[str, Any] | None = None) -> None:
+        self._snapshot = {label: (ns, _members(label, ns)) for label, ns in _namespaces()}
+        self._objects = {label: (obj, dict(vars(obj))) for label, obj in (objects or {}).items()}
 
     def replaced(self) -> list[str]:
-        """Qualified names whose object is no longer the one snapshotted."""
+        """Qualified names whose object (or code) is no longer the one snapshotted."""
         changed = []
         for label, (namespace, members) in self._snapshot.items():
             current = vars(namespace)
-            for name, original in members.items():
+            for name, (original, code) in members.items():
                 now = current.get(name)
-                if now is not original and not _benign_wrapper(f"{label}.{name}", now, original):
+                if (now is not original or _code(now) is not code) and not _benign_wrapper(
+                    f"{label}.{name}", now, original
+                ):
                     changed.append(f"{label}.{name}")
+        for label, (obj, attributes) in self._objects.items():
+            now = vars(obj)
+            changed += [
+                f"{label}.{name}"
+                for name in sorted(now.keys() | attributes.keys())
+                if now.get(name) is not attributes.get(name) and _shadows(attributes.get(name), now.get(name))
+            ]
         return changed

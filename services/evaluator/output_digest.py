@@ -1,9 +1,9 @@
 """Digests of timed outputs: every call of a timed block is checked against the reference's output on the same
 inputs, without moving any output out of the workers.
 
-From the seed the judge sends with the block (so no worker knows them earlier) the worker draws, for each output
-tensor, up to SAMPLE_ELEMENTS positions and a weight `w` in [-1, 1] per position, and reduces the values `v` at
-those positions over the block's calls:
+From a seed the judge sends once the block has ended (so no worker knows them during its calls) the worker draws,
+for each output tensor, up to SAMPLE_ELEMENTS positions and a weight `w` in [-1, 1] per position, and reduces the
+values `v` at those positions over the block's calls:
 
     D = sum over calls and positions of w * v          P_k = sum over calls and positions of |v|**k, k = 1, 2
 
@@ -17,19 +17,23 @@ almost surely; a few wrong calls or elements may pass, and are left to the full 
 (Judge._check). Sampled positions keep the digest's cost per call small and the same for any output layout, so it
 adds little, and the same, to both sides' blocks on the judge's clock.
 
-With the sums comes one fingerprint per call: a hash of the raw bits of that call's sampled values. The full check of
-a call, chosen after the digest, then holds the candidate to the output it digested: the service recomputes the
-fingerprint of the output the worker saves (`call_fingerprint`, same positions: they are drawn on the CPU from the
-seed) and an output computed again for the check, exactly where the timed one was not (low precision whose errors
-cancel in the sums), no longer matches. Positions and weights are drawn on the CPU from the seed and moved to the
-outputs' device, so the service finds the same positions without a GPU.
+The positions are unknown during the calls, but code of the candidate's could run in the digest (the worker's code
+is within its process's reach) and compute the sampled values then, none in the timed calls. What holds a block to
+the outputs its calls produced is therefore a commitment the worker makes before the block's reply, on the judge's
+clock, with no secret in it: the sketch of every call's whole output (`block_sketches`: a hash of each tensor's
+layout and of the exact sum of its raw bits read as integers). The judge checks a call in full after the block, and
+computes the sketch of the output the worker saves for it itself (`output_sketch`): an output filled in or computed
+again after the block (by a replaced digest, a thread, the exact version of a call timed in low precision) has other
+bits, so another sketch, whatever the worker's code was made to say. Which call is checked is chosen after the
+reply, and a right sketch takes the right bits of every element: the work itself. Integer sums are exact, so a GPU
+and the service's CPU agree on them to the bit.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -49,37 +53,78 @@ EXACT_SUM_SLACK = 1e-9
 # Most output tensors per call (as in compare.py).
 MAX_TENSORS = 4096
 SUMS = 3  # D, P1, P2
-# Bytes of a call's fingerprint (BLAKE2b): a second output with the same fingerprint costs about 2**64 tries.
-FINGERPRINT_BYTES = 8
+# Bytes of a call's sketch (BLAKE2b of the layout and the bit sums).
+SKETCH_BYTES = 8
+# Calls whose outputs are summed in one stacked reduction (small outputs: one kernel instead of one per call).
+SKETCH_STACK_BYTES = 64 << 20
 
 
-def block_digest(outputs: list[Any], seed: int) -> tuple[list[dict[str, Any]], list[str]]:
+def block_digest(outputs: list[Any], seed: int) -> list[dict[str, Any]]:
     """The digest of a block's outputs (one per call, in order): one record per output position with its shape,
-    dtype and the three sums over every call (None where not finite), and each call's fingerprint (hex)."""
-    calls = [_tensors(output) for output in outputs]
-    if not calls:
-        return [], []
-    layout = [(list(t.shape), str(t.dtype).removeprefix("torch.")) for t in calls[0]]
-    for tensors in calls[1:]:
-        if [(list(t.shape), str(t.dtype).removeprefix("torch.")) for t in tensors] != layout:
-            raise TypeError("the outputs of one block's calls differ in number, shape or dtype")
-    hashes = [hashlib.blake2b(digest_size=FINGERPRINT_BYTES) for _ in calls]
+    dtype and the three sums over every call (None where not finite)."""
+    calls = _calls(outputs)
     records = []
-    for index, (shape, dtype) in enumerate(layout):
-        sums = _sums([tensors[index] for tensors in calls], _tensor_seed(seed, index), hashes)
+    for index, (shape, dtype) in enumerate(_layout(calls[0]) if calls else []):
+        sums = _sums([tensors[index] for tensors in calls], _tensor_seed(seed, index))
         records.append({"shape": shape, "dtype": dtype, "sums": [v if math.isfinite(v) else None for v in sums]})
-    return records, [h.hexdigest() for h in hashes]
+    return records
 
 
-def call_fingerprint(output: Any, seed: int) -> str:
-    """The fingerprint `block_digest` gives a call whose output is `output` (as saved: on the CPU, tuples as
-    lists), under the same seed."""
-    digest = hashlib.blake2b(digest_size=FINGERPRINT_BYTES)
-    for index, tensor in enumerate(_tensors(output)):
-        values = _real(tensor)
-        positions, _ = _draw(values, _tensor_seed(seed, index), torch.float32)
-        digest.update(_raw_bytes(values.reshape(-1) if positions is None else values[positions]))
+def block_sketches(outputs: list[Any]) -> list[str]:
+    """The sketch of each call's whole output, as `output_sketch` finds it in the output saved for a check."""
+    calls = _calls(outputs)
+    if not calls:
+        return []
+    layout = _layout(calls[0])
+    sums: list[list[int]] = [[] for _ in calls]
+    for index in range(len(layout)):
+        for call, value in enumerate(_bit_sums([tensors[index] for tensors in calls])):
+            sums[call].append(value)
+    return [_sketch(layout, call_sums) for call_sums in sums]
+
+
+def output_sketch(output: Any) -> str:
+    """The sketch `block_sketches` gives a call whose output is `output` (as saved: on the CPU, tuples as lists)."""
+    tensors = _tensors(output)
+    return _sketch(_layout(tensors), [_bit_sums([tensor])[0] for tensor in tensors])
+
+
+def _calls(outputs: list[Any]) -> list[list[torch.Tensor]]:
+    calls = [_tensors(output) for output in outputs]
+    if any(_layout(tensors) != _layout(calls[0]) for tensors in calls[1:]):
+        raise TypeError("the outputs of one block's calls differ in number, shape or dtype")
+    return calls
+
+
+def _layout(tensors: list[torch.Tensor]) -> list[tuple[list[int], str]]:
+    return [(list(t.shape), str(t.dtype).removeprefix("torch.")) for t in tensors]
+
+
+def _sketch(layout: list[tuple[list[int], str]], sums: list[int]) -> str:
+    digest = hashlib.blake2b(digest_size=SKETCH_BYTES)
+    digest.update(repr((layout, sums)).encode())
     return digest.hexdigest()
+
+
+def _words(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor's raw bits in its logical order, as integers of 4 bytes (2 or 1 where its size is no multiple)."""
+    raw = _real(tensor).contiguous().reshape(-1).view(torch.uint8)
+    width = torch.int32 if raw.numel() % 4 == 0 else torch.int16 if raw.numel() % 2 == 0 else torch.uint8
+    return raw.view(width)
+
+
+def _bit_sums(tensors: list[torch.Tensor]) -> list[int]:
+    """The exact sum of each tensor's raw bits read as integers (in int64: at most 2**31 * 2**32 for 16 GiB, no
+    overflow); tensors of one layout are stacked into one reduction up to SKETCH_STACK_BYTES."""
+    words = [_words(t) for t in tensors]
+    step = max(1, SKETCH_STACK_BYTES // max(1, words[0].numel() * words[0].element_size()))
+    sums = [
+        torch.stack(words[start : start + step]).sum(dim=1, dtype=torch.int64)
+        if step > 1
+        else words[start].sum(dtype=torch.int64).reshape(1)
+        for start in range(0, len(words), step)
+    ]
+    return [int(v) for v in torch.cat(sums).tolist()]
 
 
 def _tensor_seed(seed: int, index: int) -> int:
@@ -110,13 +155,9 @@ def _draw(values: torch.Tensor, seed: int, dtype: torch.dtype) -> tuple[tuple[to
     return positions, w.to(values.device)
 
 
-def _raw_bytes(values: torch.Tensor) -> bytes:
-    return values.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
-
-
-def _sums(tensors: list[torch.Tensor], seed: int, hashes: list[Any]) -> list[float]:
+def _sums(tensors: list[torch.Tensor], seed: int) -> list[float]:
     """D, P1, P2 over the calls' values at the block's positions (float32 values, float64 for exact types,
-    complex parts as pairs); each call's raw values go into its hash in `hashes`."""
+    complex parts as pairs)."""
     first = _real(tensors[0])
     exact = not (first.is_floating_point() and first.dtype != torch.float64)
     dtype = torch.float64 if exact else torch.float32
@@ -129,9 +170,6 @@ def _sums(tensors: list[torch.Tensor], seed: int, hashes: list[Any]) -> list[flo
                 for t in tensors[start:][:CALLS_PER_STEP]
             ]
         )
-        host = raw.cpu()
-        for offset, row in enumerate(host):
-            hashes[start + offset].update(_raw_bytes(row))
         values = raw.to(dtype)
         sums += torch.stack([(values @ w).sum(), values.abs().sum(), values.pow(2).sum()]).double()
     return [float(v) for v in sums.tolist()]
@@ -181,14 +219,14 @@ def valid(records: Any) -> bool:
     )
 
 
-def valid_fingerprints(fingerprints: Any, calls: int) -> bool:
-    """Whether a reply's fingerprints have the form of one per call."""
+def valid_sketches(sketches: Any, calls: int) -> TypeGuard[list[str]]:
+    """Whether a reply's sketches have the form of one per call."""
     return (
-        isinstance(fingerprints, list)
-        and len(fingerprints) == calls
+        isinstance(sketches, list)
+        and len(sketches) == calls
         and all(
-            isinstance(f, str) and len(f) == 2 * FINGERPRINT_BYTES and all(c in "0123456789abcdef" for c in f)
-            for f in fingerprints
+            isinstance(f, str) and len(f) == 2 * SKETCH_BYTES and all(c in "0123456789abcdef" for c in f)
+            for f in sketches
         )
     )
 

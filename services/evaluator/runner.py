@@ -42,6 +42,8 @@ _load = torch.load
 _copy = torch.Tensor.copy_
 _Tensor = torch.Tensor
 _no_grad = torch.no_grad
+# Called through this name, so that rebinding Guard.replaced (one line of candidate code) does not silence it.
+_replaced = Guard.replaced
 
 
 @dataclass
@@ -162,7 +164,7 @@ def run_candidate(context: WorkerContext, job: dict[str, Any]) -> None:
     """Build ModelNew, write its outputs on the correctness inputs when told to, then serve timing commands."""
     # The reference's source only draws the timed calls' inputs here; the reference model is timed elsewhere.
     inputs_module = load_source("kernel_inputs", job["reference_source"], context.home / "reference.py")
-    guard = Guard()
+    guard = _guard(context)
     loader = build_cache.install(context.backend.name, context.emit, context.control)
     inputs_dir = context.home / "inputs"
     init_inputs = _load(inputs_dir / "init.pt", weights_only=True)
@@ -190,12 +192,14 @@ def run_candidate(context: WorkerContext, job: dict[str, Any]) -> None:
         context.emit("error", stage="run", message=traceback.format_exc())
         return
     loader.closed = True
-    context.emit("outputs_written", replaced=guard.replaced())
+    context.emit("outputs_written", replaced=_replaced(guard))
     serve_timing(context, model, InputSets(context, inputs_module.get_inputs), guard)
 
 
 def run_timer(context: WorkerContext, job: dict[str, Any]) -> None:
     """The reference model, timed on the judge's commands exactly as the candidate is."""
+    # The reference's guard reports nothing anyone reads: it is there so that both sides' digests cost the same.
+    guard = _guard(context)
     module = load_source("kernel_reference", job["reference_source"], context.home / "reference.py")
     init_inputs = _load(context.home / "inputs" / "init.pt", weights_only=True)
     seed_everything(job["seed"])
@@ -204,7 +208,12 @@ def run_timer(context: WorkerContext, job: dict[str, Any]) -> None:
     if context.backend.name == "cuda":
         fields["bandwidth_gbs"] = gpu_checks.measure_bandwidth_gbs(context.backend.device_string())
     context.emit("ready_to_time", device=context.backend.describe(), **fields)
-    serve_timing(context, model, InputSets(context, module.get_inputs), None)
+    serve_timing(context, model, InputSets(context, module.get_inputs), guard)
+
+
+def _guard(context: WorkerContext) -> Guard:
+    """A guard of the functions the worker uses and of its context's objects (the command pipe, the backend)."""
+    return Guard({"context": context, "context.backend": context.backend, "context.control": context.control})
 
 
 class InputSets:
@@ -250,18 +259,19 @@ class InputSets:
         return self.buffers
 
 
-def serve_timing(context: WorkerContext, model: Any, inputs: InputSets, guard: Guard | None) -> None:
+def serve_timing(context: WorkerContext, model: Any, inputs: InputSets, guard: Guard) -> None:
     """Answer the judge's commands until it says `exit` or closes the pipe. The judge times every command from
     outside, on both sides, and compares.
 
     `draw`: draw the next block's inputs, one set per seed. `block`: one timed call per drawn set (or on the
-    handed-over set `set`), each on refilled buffers; the reply carries every call's milliseconds and the judge's
-    nonce; the judge keeps the reported numbers only where its clock agrees. `digest`: a digest of the last
-    block's outputs under weights from the judge's seed (output_digest), which the judge checks against the
-    reference's on the same inputs, with a fingerprint of each call's output that a later `save` is held to. The judge clocks each command on both sides, so work moved out of the timed
-    calls into drawing or digesting shows as well. `save`: write the output of one call of the last block, chosen
-    by the judge after the block, for it to check in full. Correctness checks and timed calls go through this one
-    path, so a candidate cannot tell which of its calls are checked."""
+    handed-over set `set`), each on refilled buffers; the reply carries every call's milliseconds, the sketch of
+    every call's whole output (output_digest: what a later `save` is held to) and the judge's nonce; the judge keeps
+    the reported numbers only where its clock agrees. `digest`: a digest of the last block's outputs under weights
+    from the judge's seed (output_digest), which the judge checks against the reference's on the same inputs. The
+    judge clocks each command on both sides, so work moved out of the timed calls into drawing or digesting shows
+    as well. `save`: write the output of one call of the last block, chosen by the judge after the block, for it to
+    check in full. Correctness checks and timed calls go through this one path, so a candidate cannot tell which
+    of its calls are checked. Digests, saves and the end of the job report what the guard found replaced."""
     backend = context.backend
     outputs: list[Any] = []
     outputs_like: list[Any] | None = None
@@ -278,12 +288,13 @@ def serve_timing(context: WorkerContext, model: Any, inputs: InputSets, guard: G
             context.emit("drawn", nonce=command["nonce"])
         elif op == "digest":
             try:
+                replaced = _replaced(guard)
                 with _no_grad():
-                    records, fingerprints = output_digest.block_digest(outputs, int(command["seed"]))
+                    records = output_digest.block_digest(outputs, int(command["seed"]))
             except BaseException:
                 context.emit("error", stage="timing", message=traceback.format_exc())
                 return
-            context.emit("digested", nonce=command["nonce"], digest=records, fingerprints=fingerprints)
+            context.emit("digested", nonce=command["nonce"], digest=records, replaced=replaced)
         elif op == "block":
             outputs = []
             times = []
@@ -305,12 +316,14 @@ def serve_timing(context: WorkerContext, model: Any, inputs: InputSets, guard: G
                             times.append(milliseconds)
                             outputs.append(out)
                         inputs.drawn = []
+                    sketches = output_digest.block_sketches(outputs)
             except BaseException:
                 context.emit("error", stage="timing", message=traceback.format_exc())
                 return
-            context.emit("block", nonce=command["nonce"], ms=times)
+            context.emit("block", nonce=command["nonce"], ms=times, sketches=sketches)
         elif op == "save":
             try:
+                replaced = _replaced(guard)
                 produced = to_plain(outputs[int(command["call"])], exact=True)
                 check_dir = context.home / "checks" / str(int(command["check"]))
                 check_dir.mkdir(parents=True)
@@ -318,12 +331,12 @@ def serve_timing(context: WorkerContext, model: Any, inputs: InputSets, guard: G
             except BaseException:
                 context.emit("error", stage="timing", message=traceback.format_exc())
                 return
-            context.emit("saved", nonce=command["nonce"])
+            context.emit("saved", nonce=command["nonce"], replaced=replaced)
         elif op == "profile":
             launched = gpu_checks.launched_kernel_names(model, inputs.refill(inputs.handed_over(str(command["set"]))))
             context.emit("profiled", nonce=command["nonce"], kernels=launched)
         else:
-            context.emit("done", replaced=guard.replaced() if guard is not None else [])
+            context.emit("done", replaced=_replaced(guard))
             return
         outputs_like = _output_tensors(outputs)
 

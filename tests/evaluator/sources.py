@@ -218,13 +218,19 @@ UNHASHABLE_EVENT_WRONG = candidate(
     prelude="import os\nFORGED = b'{\"event\": []}\\n'\n" + _FORGE,
 )
 
-# Rewrites its own replies through the worker's `emit` (an instance attribute): the timed block's milliseconds
-# become MS (unless None), and an `error` event of stage `run` goes out before `done`.
+# Rewrites its own replies through the worker's `emit` (an instance attribute) once timing has begun (found on
+# the stack: earlier, the guard reports the replaced `emit` with the correctness outputs): the timed block's
+# milliseconds become MS (unless None), and an `error` event of stage `run` goes out before `done`.
 _REWRITE_REPLIES = """
-import gc
+import gc, sys
 _rewritten = []
 
 def _rewrite():
+    frame = sys._getframe()
+    while frame is not None and frame.f_code.co_name != "serve_timing":
+        frame = frame.f_back
+    if frame is None:
+        return
     for obj in gc.get_objects():
         if type(obj).__name__ == "WorkerContext":
             real = obj.emit

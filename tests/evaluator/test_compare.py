@@ -352,19 +352,19 @@ def test_truncate_keeps_head_and_tail() -> None:
 @pytest.mark.parametrize(
     "saved",
     [torch.ones(1), torch.ones(1).to_sparse(), torch.ones(1, device="meta"), None],
-    ids=["other_fingerprint", "sparse", "meta", "none"],
+    ids=["other_sketch", "sparse", "meta", "none"],
 )
 def test_an_output_that_is_not_the_committed_one_is_never_an_error(tmp_path: Path, saved: object) -> None:
-    """A saved output whose fingerprint differs from the one committed, or cannot be computed at all (torch.load
+    """A saved output whose sketch differs from the one committed, or cannot be computed at all (torch.load
     takes sparse and meta tensors), is `uncommitted`: compare_outputs never raises for it."""
     from services.evaluator import output_digest
 
     (tmp_path / "out").mkdir()
     torch.save({"outputs": saved, "inputs_after": []}, tmp_path / "out" / "0.pt")
-    committed = output_digest.call_fingerprint(torch.full((1,), 2.0), 1)
-    result = compare_file(tmp_path / "out", committed=lambda out: output_digest.call_fingerprint(out, 1) == committed)
+    committed = output_digest.output_sketch(torch.full((1,), 2.0))
+    result = compare_file(tmp_path / "out", committed=lambda out: output_digest.output_sketch(out) == committed)
     assert result.uncommitted and not result.correct
     save_ones(tmp_path / "out" / "0.pt")
-    ones = output_digest.call_fingerprint(torch.ones(1), 1)
-    result = compare_file(tmp_path / "out", committed=lambda out: output_digest.call_fingerprint(out, 1) == ones)
+    ones = output_digest.output_sketch(torch.ones(1))
+    result = compare_file(tmp_path / "out", committed=lambda out: output_digest.output_sketch(out) == ones)
     assert result.correct and not result.uncommitted

@@ -76,7 +76,6 @@ PATCHED_TIMER_METHOD = sources.candidate(
     prelude="""
 import time
 from services.evaluator.backends.cpu import CpuBackend
-from services.evaluator.guards import Guard
 
 def _fast(self, fn, args):
     out = fn(*args)
@@ -84,7 +83,8 @@ def _fast(self, fn, args):
     return 0.001, out
 
 CpuBackend.time_call = _fast
-Guard.replaced = lambda self: []
+import services.evaluator.runner as _blind
+_blind._replaced = lambda guard: []  # the guard silenced
 """,
 )
 
@@ -94,11 +94,11 @@ PATCHED_BOUND_CLOCK = sources.candidate(
     prelude="""
 import time
 from services.evaluator.backends import cpu
-from services.evaluator.guards import Guard
 
 _real = time.perf_counter
 cpu._perf_counter = lambda: _real() * 0.001
-Guard.replaced = lambda self: []
+import services.evaluator.runner as _blind
+_blind._replaced = lambda guard: []  # the guard silenced
 """,
 )
 
@@ -116,13 +116,14 @@ return x.clamp_min(0) * self.scale
 )
 
 # Takes over the worker's timing loop (hidden from the guard: what stops it must be the judge). It reports a tenth
-# of a microsecond per call; __BLOCK__ is what it does in a block, __DIGEST__ its digest of the block's outputs.
+# of a microsecond per call; __BLOCK__ is what it does in a block, __SKETCHED__ the outputs its reply commits to
+# (output_digest.block_sketches), __DIGEST__ its digest of the block's outputs.
 _TAKEOVER = """
 import torch
 import services.evaluator.runner as _runner
-from services.evaluator.guards import Guard
 
-Guard.replaced = lambda self: []
+import services.evaluator.runner as _blind
+_blind._replaced = lambda guard: []  # the guard silenced
 
 def _serve(context, model, inputs, guard):
     seeds, outputs, handed_over = [], [], None
@@ -134,14 +135,15 @@ def _serve(context, model, inputs, guard):
             context.emit("drawn", nonce=command["nonce"])
         elif op == "block":
             handed_over = command.get("set")
+            calls = 1 if handed_over is not None else len(seeds)
             with torch.no_grad():
                 outputs = __BLOCK__
-            calls = 1 if handed_over is not None else len(seeds)
-            context.emit("block", nonce=command["nonce"], ms=[0.0001] * calls)
+                sketches = _runner.output_digest.block_sketches(__SKETCHED__)
+            context.emit("block", nonce=command["nonce"], ms=[0.0001] * calls, sketches=sketches)
         elif op == "digest":
             with torch.no_grad():
-                digest, fingerprints = _runner.output_digest.block_digest(__DIGEST__, int(command["seed"]))
-            context.emit("digested", nonce=command["nonce"], digest=digest, fingerprints=fingerprints)
+                digest = _runner.output_digest.block_digest(__DIGEST__, int(command["seed"]))
+            context.emit("digested", nonce=command["nonce"], digest=digest)
         elif op == "save":
             call = int(command["call"])
             values = inputs.handed_over(str(handed_over)) if handed_over is not None else inputs.draw(seeds[call])
@@ -160,17 +162,20 @@ _runner.serve_timing = _serve
 _COMPUTED = "[model(*inputs.refill(inputs.draw(s))) for s in seeds]"
 
 
-def _takeover(block: str, digest: str) -> str:
-    prelude = _TAKEOVER.replace("__BLOCK__", block).replace("__DIGEST__", digest)
+_ZEROS = "[torch.zeros(64, 64)] * calls"
+
+
+def _takeover(block: str, sketched: str, digest: str) -> str:
+    prelude = _TAKEOVER.replace("__BLOCK__", block).replace("__SKETCHED__", sketched).replace("__DIGEST__", digest)
     return sources.candidate("return x.clamp_min(0) * self.scale", prelude=prelude)
 
 
-# Computes nothing in a block, and digests zeros.
-IDLE_TAKEOVER = _takeover("[]", "[torch.zeros(64, 64)] * len(seeds)")
-# Computes nothing in a block, and the outputs only when the digest asks for them.
-LAZY_TAKEOVER = _takeover("[]", _COMPUTED)
-# Draws the inputs only in the block and computes every output there: true digests, false reports.
-WORKING_TAKEOVER = _takeover(_COMPUTED, "outputs")
+# Computes nothing in a block, and sketches and digests zeros.
+IDLE_TAKEOVER = _takeover("[]", _ZEROS, "[torch.zeros(64, 64)] * len(seeds)")
+# Computes nothing in a block (its sketches are of zeros), and the outputs only when the digest asks for them.
+LAZY_TAKEOVER = _takeover("[]", _ZEROS, _COMPUTED)
+# Draws the inputs only in the block and computes every output there: true sketches and digests, false reports.
+WORKING_TAKEOVER = _takeover(_COMPUTED, "outputs", "outputs")
 
 # Returns bfloat16-rounded outputs from every call (errors far beyond float32's tolerance, which cancel in a block's
 # digest), and the exact output of whichever call the judge saves for a full check: the save converts the output with
@@ -186,12 +191,74 @@ return out
     prelude="""
 import weakref
 import services.evaluator.runner as _runner
-from services.evaluator.guards import Guard
 
-Guard.replaced = lambda self: []
+import services.evaluator.runner as _blind
+_blind._replaced = lambda guard: []  # the guard silenced
 _EXACT = {}
 _to_plain = _runner.to_plain
 _runner.to_plain = lambda value, exact=False: _to_plain(_EXACT.get(id(value), value), exact)
+""",
+)
+
+# Computes nothing in its timed calls (found on the stack), and every output only when the digest asks for it: the worker's digest is
+# replaced (output_digest.block_digest, a module the worker uses by name) by one that first fills each output in
+# full, then digests it as the worker would. The guard is blinded (its process can do that), so what must stop it
+# is the commitment each block's reply carries: the sketch of every call's whole output when the block ended.
+DIGEST_FILLS_OUTPUTS = sources.candidate(
+    """
+frame = sys._getframe()
+while frame is not None and frame.f_code.co_name != "serve_timing":
+    frame = frame.f_back
+if frame is None:  # the correctness run: computed
+    return x.clamp_min(0) * self.scale
+out = torch.empty_like(x)
+_PENDING[id(out)] = (out, x.clone(), self.scale)
+return out
+""",
+    prelude="""
+import sys
+import services.evaluator.output_digest as _digest
+import services.evaluator.runner as _runner
+
+import services.evaluator.runner as _blind
+_blind._replaced = lambda guard: []  # the guard silenced
+_PENDING = {}
+_original = _digest.block_digest
+
+_to_plain = _runner.to_plain
+
+def _fill(out):
+    pending = _PENDING.pop(id(out), None)
+    if pending is not None:
+        pending[0].copy_(pending[1].clamp_min(0) * pending[2])
+    return out
+
+def _filling_digest(outputs, seed):
+    return _original([_fill(out) for out in outputs], seed)
+
+_digest.block_digest = _filling_digest
+_runner.to_plain = lambda value, exact=False: _to_plain(_fill(value), exact)  # the re-check has no digest
+""",
+)
+
+# What the guard must name, each silenced the old way (the class attribute rebound): the clock the backend bound,
+# the worker's digest, and the command pipe's readline on the worker's context (a peek at the judge's commands).
+GUARD_REBOUND_CLOCK = PATCHED_BOUND_CLOCK.replace(
+    "_blind._replaced = lambda guard: []", "_blind.Guard.replaced = lambda self: []"
+)
+GUARD_REPLACED_DIGEST = DIGEST_FILLS_OUTPUTS.replace(
+    "_blind._replaced = lambda guard: []", "_blind.Guard.replaced = lambda self: []"
+)
+GUARD_SHADOWED_READLINE = sources.candidate(
+    "return x.clamp_min(0) * self.scale",
+    prelude="""
+import gc
+import services.evaluator.runner as _runner
+
+_runner.Guard.replaced = lambda self: []
+for _obj in gc.get_objects():
+    if type(_obj) is _runner.WorkerContext:
+        _obj.control.readline = lambda *args, _read=_obj.control.readline: _read(*args)
 """,
 )
 
@@ -314,6 +381,7 @@ def test_background_threads_cannot_slow_the_reference(client: httpx.Client) -> N
         ("idle_takeover", IDLE_TAKEOVER, {"rejected"}),
         ("lazy_takeover", LAZY_TAKEOVER, {"rejected"}),
         ("low_precision_timed", LOW_PRECISION_TIMED, {"rejected"}),
+        ("digest_fills_outputs", DIGEST_FILLS_OUTPUTS, {"rejected"}),
     ],
 )
 def test_gamed_timing_or_outputs_never_score(
@@ -322,6 +390,24 @@ def test_gamed_timing_or_outputs_never_score(
     result = evaluate(client, candidate, timing_trials=20)
     assert result["status"] in verdicts, f"{name}: {result['status']} {result['flags']} {result['message'][-600:]}"
     assert result["speedup"] is None
+    assert_still_correct(client)
+
+
+@pytest.mark.parametrize(
+    ("candidate", "named"),
+    [
+        (GUARD_REBOUND_CLOCK, "services.evaluator.backends.cpu._perf_counter"),
+        (GUARD_REPLACED_DIGEST, "services.evaluator.output_digest.block_digest"),
+        (GUARD_SHADOWED_READLINE, "context.control.readline"),
+    ],
+    ids=["rebound_clock", "replaced_digest", "shadowed_readline"],
+)
+def test_the_guard_names_what_was_replaced(client: httpx.Client, candidate: str, named: str) -> None:
+    """Rebinding the guard's method does not silence it, and it sees a module function replaced, a bound name
+    rebound and a method shadowed on the worker's own objects."""
+    result = evaluate(client, candidate, timing_trials=10)
+    assert result["status"] == "rejected" and "monkeypatch" in result["flags"], result
+    assert named in result["message"], result["message"]
     assert_still_correct(client)
 
 

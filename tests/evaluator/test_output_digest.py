@@ -26,8 +26,8 @@ def within_tolerance(reference: list[torch.Tensor], atol: float, rtol: float, se
 
 def mismatch(reference: list, candidate: list, seed: int = 7, **tolerance: float) -> str:
     return output_digest.mismatch(
-        output_digest.block_digest(reference, seed)[0],
-        output_digest.block_digest(candidate, seed)[0],
+        output_digest.block_digest(reference, seed),
+        output_digest.block_digest(candidate, seed),
         len(reference),
         tolerance.get("atol"),
         tolerance.get("rtol"),
@@ -83,7 +83,7 @@ def test_wrong_shape_dtype_count_or_nan_fail() -> None:
 def test_a_reference_that_is_not_finite_is_left_to_the_full_checks() -> None:
     reference = outputs(0)
     reference[0][0, 0] = math.inf
-    records, _ = output_digest.block_digest(reference, 1)
+    records = output_digest.block_digest(reference, 1)
     assert None in records[0]["sums"]
     assert mismatch(reference, outputs(5)) == ""
 
@@ -123,42 +123,59 @@ def test_outputs_that_are_not_plain_tensors_are_refused() -> None:
 )
 def test_malformed_digests_are_not_valid(records) -> None:  # noqa: ANN001
     assert not output_digest.valid(records)
-    assert output_digest.valid(output_digest.block_digest(outputs(0), 1)[0])
+    assert output_digest.valid(output_digest.block_digest(outputs(0), 1))
 
 
-@pytest.mark.parametrize("shape", [(96, 80), (3, 5), ()], ids=["sampled", "small", "scalar"])
-def test_the_service_finds_each_calls_fingerprint_in_its_saved_output(shape: tuple[int, ...]) -> None:
-    """What the worker digests and what it saves for a check (a CPU copy, tuples as lists) have one fingerprint, a
-    non-contiguous copy included. A small output is read whole: one bit changed anywhere changes it; a large one at
-    positions drawn from the seed."""
-    calls = [(r, r * 2) for r in outputs(0, shape)]
-    _, fingerprints = output_digest.block_digest(calls, 11)
-    assert len(set(fingerprints)) == CALLS
-    for output, fingerprint in zip(calls, fingerprints, strict=True):
+@pytest.mark.parametrize(
+    ("shape", "dtype"),
+    [
+        ((96, 80), torch.float32),
+        ((3, 5), torch.float16),
+        ((), torch.float64),
+        ((7,), torch.bool),
+        ((3,), torch.complex64),
+    ],
+    ids=["float32", "odd_half", "scalar", "bool_bytes", "complex"],
+)
+def test_the_service_finds_each_calls_sketch_in_its_saved_output(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    """What the worker sketches at the end of a block and what it saves for a check (a CPU copy, tuples as lists)
+    have one sketch, a non-contiguous copy included; one bit changed anywhere in the output changes it."""
+    calls = [(r, r * 2) for r in outputs(0, shape, dtype)]
+    sketches = output_digest.block_sketches(calls)
+    assert len(set(sketches)) == CALLS or dtype == torch.bool
+    for output, sketch in zip(calls, sketches, strict=True):
         saved = [output[0].t().contiguous().t() if output[0].dim() == 2 else output[0].clone(), output[1].clone()]
-        assert output_digest.call_fingerprint(saved, 11) == fingerprint
+        assert output_digest.output_sketch(saved) == sketch
     first = calls[0][0]
-    if first.numel() > output_digest.SAMPLE_ELEMENTS:
-        assert output_digest.call_fingerprint(list(calls[0]), 12) != fingerprints[0]
-    else:
-        flipped = first.clone().reshape(-1)
-        flipped.view(torch.int32)[-1] ^= 1
-        assert output_digest.call_fingerprint([flipped.reshape(first.shape), calls[0][1]], 11) != fingerprints[0]
+    for position in (0, first.numel() - 1, first.numel() // 2):
+        flipped = first.clone().reshape(-1).view(torch.uint8)
+        flipped.reshape(-1)[position * first.element_size()] ^= 1
+        changed = flipped.view(first.dtype).reshape(first.shape)
+        assert output_digest.output_sketch([changed, calls[0][1]]) != sketches[0]
+    assert output_digest.output_sketch([calls[0][1], calls[0][0]]) != sketches[0]
+
+
+def test_stacked_and_single_sketches_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small outputs are summed in one stacked reduction, large ones one by one: the sketch is the same."""
+    calls = outputs(3)
+    stacked = output_digest.block_sketches(calls)
+    monkeypatch.setattr(output_digest, "SKETCH_STACK_BYTES", 1)
+    assert output_digest.block_sketches(calls) == stacked
 
 
 def test_an_output_computed_again_exactly_does_not_match_a_low_precision_one() -> None:
-    """The attack the fingerprints close: timed calls in bfloat16 whose errors cancel in the digest's sums, the
-    checked call computed again in float32."""
+    """One attack the sketches close: timed calls in bfloat16 whose errors cancel in the digest's sums, the checked
+    call computed again in float32."""
     reference = outputs(0, (256, 256))
     low = [r.bfloat16().float() for r in reference]
-    _, fingerprints = output_digest.block_digest(low, 5)
-    assert all(output_digest.call_fingerprint(r, 5) != f for r, f in zip(reference, fingerprints, strict=True))
+    sketches = output_digest.block_sketches(low)
+    assert all(output_digest.output_sketch(r) != f for r, f in zip(reference, sketches, strict=True))
 
 
-@pytest.mark.parametrize("fingerprints", [None, ["00" * 8], ["zz" * 8] * CALLS, ["00" * 9] * CALLS, [1] * CALLS])
-def test_malformed_fingerprints_are_not_valid(fingerprints) -> None:  # noqa: ANN001
-    assert not output_digest.valid_fingerprints(fingerprints, CALLS)
-    assert output_digest.valid_fingerprints(output_digest.block_digest(outputs(0), 1)[1], CALLS)
+@pytest.mark.parametrize("sketches", [None, ["00" * 8], ["zz" * 8] * CALLS, ["00" * 9] * CALLS, [1] * CALLS])
+def test_malformed_sketches_are_not_valid(sketches) -> None:  # noqa: ANN001
+    assert not output_digest.valid_sketches(sketches, CALLS)
+    assert output_digest.valid_sketches(output_digest.block_sketches(outputs(0)), CALLS)
 
 
 def test_a_default_device_set_by_the_candidate_changes_nothing() -> None:
@@ -170,3 +187,17 @@ def test_a_default_device_set_by_the_candidate_changes_nothing() -> None:
         assert output_digest.block_digest(calls, 4) == expected
     finally:
         torch.set_default_device(None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.bool, torch.complex64]
+)
+def test_a_gpu_sketch_is_the_one_the_service_computes_from_the_saved_copy(dtype: torch.dtype) -> None:
+    """The worker sketches outputs on the GPU, the service the saved CPU copy: integer sums agree to the bit, for
+    small outputs summed stacked and a 1 GiB one summed alone."""
+    small = [t.cuda() for t in outputs(0, (33, 7), dtype)]
+    assert output_digest.block_sketches(small) == [output_digest.output_sketch(t.cpu()) for t in small]
+    large = torch.randn(1 << 28, device="cuda")
+    assert output_digest.block_sketches([large]) == [output_digest.output_sketch(large.cpu())]
