@@ -540,7 +540,13 @@ class Judge:
             if ready is None or ready["event"] != "ready_to_time":
                 detail = (ready or {}).get("message") or "the reference timer did not start"
                 raise EvaluatorFailure(f"the reference could not be timed: {detail}")
-            kernels = await self._profile(candidate) if self.request.require_custom_kernel else None
+            kernels = None
+            if self.request.require_custom_kernel:
+                kernels = await self._profile(candidate)
+                # The profiler leaves instrumentation behind in the process it ran in (CUDA calls outside the timed
+                # ones then cost more: an honest Triton candidate was `implausible_timing` in 3 of 6 runs on the
+                # H100); the reference is profiled as well, so that both sides carry it.
+                await self._profile(timer)
             calls = await self._warm_up(candidate, timer)
             previous_share, chosen = math.inf, None
             for round_index in range(TIMING_ROUNDS):
@@ -813,13 +819,15 @@ class Judge:
         if not await self._check(candidate, 0, self.reference.expected[recheck], block.sketches[0]):
             self.run_state.flags["stale_output"] = "wrong answer on new inputs in the buffers that were timed"
 
-    async def _profile(self, candidate: Worker) -> list[str] | None:
+    async def _profile(self, worker: Worker) -> list[str] | None:
         if self.device != "cuda":
             return None
         nonce = secrets.token_hex(8)
-        await candidate.send({"op": "profile", "set": "0", "nonce": nonce})
-        reply = await candidate.expect({"profiled", "error"}, self.deadline)
+        await worker.send({"op": "profile", "set": "0", "nonce": nonce})
+        reply = await worker.expect({"profiled", "error"}, self.deadline)
         if reply is None or reply["event"] == "error" or reply.get("nonce") != nonce:
+            if worker is self.timer:
+                raise EvaluatorFailure(f"the reference could not be profiled: {(reply or {}).get('message')}")
             raise CandidateFailure
         kernels = reply.get("kernels")
         return [k for k in kernels if isinstance(k, str)] if isinstance(kernels, list) else []
