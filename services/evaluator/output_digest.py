@@ -55,8 +55,8 @@ MAX_TENSORS = 4096
 SUMS = 3  # D, P1, P2
 # Bytes of a call's sketch (BLAKE2b of the layout and the bit sums).
 SKETCH_BYTES = 8
-# Calls whose outputs are summed in one stacked reduction (small outputs: one kernel instead of one per call).
-SKETCH_STACK_BYTES = 64 << 20
+# Words of output a sketch's reduction reads at once (its int64 copy: 32 MiB).
+SKETCH_CHUNK = 4 << 20
 
 
 def block_digest(outputs: list[Any], seed: int) -> list[dict[str, Any]]:
@@ -115,14 +115,22 @@ def _words(tensor: torch.Tensor) -> torch.Tensor:
 
 def _bit_sums(tensors: list[torch.Tensor]) -> list[int]:
     """The exact sum of each tensor's raw bits read as integers (in int64: at most 2**31 * 2**32 for 16 GiB, no
-    overflow); tensors of one layout are stacked into one reduction up to SKETCH_STACK_BYTES."""
+    overflow). A sum to int64 makes an int64 copy of what it reads, so a tensor is read in chunks of SKETCH_CHUNK
+    words (its memory stays bounded whatever the output's size), and small tensors of one layout are stacked into
+    one reduction up to that size."""
     words = [_words(t) for t in tensors]
-    step = max(1, SKETCH_STACK_BYTES // max(1, words[0].numel() * words[0].element_size()))
+    size = max(1, words[0].numel())
+    if size > SKETCH_CHUNK:
+        chunked = [
+            torch.stack(
+                [w[start : start + SKETCH_CHUNK].sum(dtype=torch.int64) for start in range(0, size, SKETCH_CHUNK)]
+            )
+            for w in words
+        ]
+        return [int(v) for v in torch.stack(chunked).sum(dim=1).tolist()]
+    step = max(1, SKETCH_CHUNK // size)
     sums = [
-        torch.stack(words[start : start + step]).sum(dim=1, dtype=torch.int64)
-        if step > 1
-        else words[start].sum(dtype=torch.int64).reshape(1)
-        for start in range(0, len(words), step)
+        torch.stack(words[start : start + step]).sum(dim=1, dtype=torch.int64) for start in range(0, len(words), step)
     ]
     return [int(v) for v in torch.cat(sums).tolist()]
 

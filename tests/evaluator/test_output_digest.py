@@ -155,12 +155,13 @@ def test_the_service_finds_each_calls_sketch_in_its_saved_output(shape: tuple[in
     assert output_digest.output_sketch([calls[0][1], calls[0][0]]) != sketches[0]
 
 
-def test_stacked_and_single_sketches_agree(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Small outputs are summed in one stacked reduction, large ones one by one: the sketch is the same."""
+@pytest.mark.parametrize("chunk", [1, 7, 80, 96 * 80 + 1])
+def test_stacked_and_chunked_sketches_agree(monkeypatch: pytest.MonkeyPatch, chunk: int) -> None:
+    """Small outputs are summed in one stacked reduction, large ones in chunks: the sketch is the same."""
     calls = outputs(3)
-    stacked = output_digest.block_sketches(calls)
-    monkeypatch.setattr(output_digest, "SKETCH_STACK_BYTES", 1)
-    assert output_digest.block_sketches(calls) == stacked
+    expected = output_digest.block_sketches(calls)
+    monkeypatch.setattr(output_digest, "SKETCH_CHUNK", chunk)
+    assert output_digest.block_sketches(calls) == expected
 
 
 def test_an_output_computed_again_exactly_does_not_match_a_low_precision_one() -> None:
