@@ -202,3 +202,35 @@ def test_a_gpu_sketch_is_the_one_the_service_computes_from_the_saved_copy(dtype:
     assert output_digest.block_sketches(small) == [output_digest.output_sketch(t.cpu()) for t in small]
     large = torch.randn(1 << 28, device="cuda")
     assert output_digest.block_sketches([large]) == [output_digest.output_sketch(large.cpu())]
+
+
+def _rewritten_to_sum(output: torch.Tensor, target: int) -> torch.Tensor:
+    """`output` with its exact zeros rewritten to floats within 1e-4 of 0 (-0.0 and tiny subnormals, as int32
+    words in [0, 2**20) or [-2**31, -2**31 + 2**20)) so that its raw bits sum to `target`."""
+    words = output.clone().view(torch.int32).reshape(-1)
+    zeros = (output.reshape(-1) == 0).nonzero().reshape(-1)
+    words[zeros] = 0
+    delta = target - int(words.sum(dtype=torch.int64))
+    negatives = max(0, -(delta // (1 << 31)))  # elements set to -0.0-ish, each worth -2**31
+    delta += negatives << 31
+    share, rest = divmod(delta, zeros.numel() - negatives)
+    assert 0 <= share < (1 << 20) - 1, "not enough zeros to spread the difference over"
+    values = torch.full((zeros.numel(),), share, dtype=torch.int64)
+    values[:negatives] = -(1 << 31)
+    values[negatives : negatives + rest] += 1
+    words[zeros] = values.to(torch.int32)
+    return words.view(torch.float32).reshape(output.shape)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (docs/evaluator.md, Not covered): the sketch is a sum, and the zeros of a correct output, rewritten "
+    "within the tolerance, bring its sum to any target, so an output computed after the block can match the sketch "
+    "of one that was not computed",
+)
+def test_no_output_within_tolerance_of_the_right_one_has_the_sketch_of_an_uncomputed_one() -> None:
+    right = torch.relu(torch.randn(512, 512, generator=torch.Generator().manual_seed(0)))
+    committed = torch.zeros_like(right)  # what a call that computed nothing returned, sketched at the block's end
+    forged = _rewritten_to_sum(right, output_digest._bit_sums([committed])[0])
+    assert torch.allclose(forged, right, atol=1e-4, rtol=1e-4)
+    assert output_digest.output_sketch(forged) != output_digest.output_sketch(committed)
