@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from cachetools import LRUCache
 
-from services.evaluator import build_cache, gpu_checks, output_digest, sandbox, split_build
+from services.evaluator import build_cache, gpu_checks, held_memory, output_digest, sandbox, split_build
 from services.evaluator.backends import BACKENDS, get_backend, resolve_device
 from services.evaluator.compare import Comparison, compare_outputs, load_data
 from services.evaluator.config import HACK_FLAGS, Settings
@@ -298,6 +298,8 @@ class Block:
     wall_s: float
     sketches: list[str]
     digest: Any = None
+    # The judge's own hash of the output it will check, read from the stopped worker's memory (CPU: held_memory).
+    held_hash: str | None = None
     drawn_s: float = 0.0
     digest_s: float = 0.0
 
@@ -615,10 +617,17 @@ class Judge:
         blocks: dict[str, list[Block]] = {"reference": [], "candidate": []}
         for index in range(self.request.timing_trials):
             seeds, digest_seed = self._fresh_seeds(calls), secrets.randbits(62)
+            # Chosen now, told to no worker: whether a call of this block is checked in full, and which.
+            last = index == self.request.timing_trials - 1
+            check_call = random.randrange(calls) if last or random.random() < CHECK_PROBABILITY else None
             order = ("reference", "candidate") if index % 2 == 0 else ("candidate", "reference")
             for role in order:
-                worker = timer if role == "reference" else candidate
-                blocks[role].append(await self._block(worker, seeds, digest_seed=digest_seed))
+                if role == "reference":
+                    blocks[role].append(await self._block(timer, seeds, digest_seed=digest_seed))
+                else:
+                    blocks[role].append(
+                        await self._block(candidate, seeds, digest_seed=digest_seed, check_call=check_call)
+                    )
             wrong = output_digest.mismatch(
                 blocks["reference"][-1].digest,
                 blocks["candidate"][-1].digest,
@@ -632,11 +641,10 @@ class Judge:
                     "computed before its inputs changed, or not computed"
                 )
                 break
-            last = index == self.request.timing_trials - 1
-            if last or random.random() < CHECK_PROBABILITY:
-                call = random.randrange(calls)
-                committed = blocks["candidate"][-1].sketches[call]
-                if not await self._check(candidate, call, await self._timer_output(timer, call), committed):
+            if check_call is not None:
+                call, block = check_call, blocks["candidate"][-1]
+                expected = await self._timer_output(timer, call)
+                if not await self._check(candidate, call, expected, block.sketches[call], block.held_hash):
                     self.run_state.flags["stale_output"] = (
                         f"the output of timed call {call} of block {index} was wrong (an answer cached or computed "
                         "before its inputs changed)"
@@ -645,18 +653,24 @@ class Judge:
         return blocks
 
     async def _block(
-        self, worker: Worker, seeds: list[int], digest_seed: int | None = None, handed_over: int | None = None
+        self,
+        worker: Worker,
+        seeds: list[int],
+        digest_seed: int | None = None,
+        handed_over: int | None = None,
+        check_call: int | None = None,
     ) -> Block:
         """One block, each step timed by the judge with the other worker stopped (from the first step to the last, so
         one scan stops it): draw the inputs from `seeds` (or take the handed-over set), a timed call on each, then
-        the digest of the outputs under `digest_seed`."""
+        the digest of the outputs under `digest_seed`. On a CPU the output of `check_call` is read from the worker's
+        memory while its job is stopped after the block (held_memory), before anything of it runs again."""
         async with self._paused(worker):
             drawn_s = 0.0
             if handed_over is None:
                 command: dict[str, Any] = {"op": "draw", "seeds": seeds}
                 drawn_s = (await self._command(worker, command, "drawn", clocked=True, hold=True))[1]
             command = {"op": "block", "set": handed_over}
-            hold = digest_seed is not None
+            hold = digest_seed is not None or check_call is not None
             reply, clocked_s, wall_s = await self._command(worker, command, "block", clocked=True, hold=hold)
             ms = reply.get("ms")
             calls = len(seeds) + (handed_over is not None)
@@ -672,6 +686,8 @@ class Judge:
                 self.run_state.flags["result_tampering"] = "a timing reply without a sketch of each call's output"
                 raise CandidateFailure
             block = Block([float(v) for v in ms], clocked_s, wall_s, sketches, drawn_s=drawn_s)
+            if check_call is not None and self.gpu is None:
+                block.held_hash = await self._read_held(worker, reply.get("regions"), calls, check_call)
             if digest_seed is not None:
                 command = {"op": "digest", "seed": digest_seed}
                 reply, block.digest_s, _ = await self._command(worker, command, "digested", clocked=True)
@@ -682,6 +698,23 @@ class Judge:
                     self.run_state.flags["result_tampering"] = "a malformed digest"
                     raise CandidateFailure
             return block
+
+    async def _read_held(self, worker: Worker, regions: Any, calls: int, call: int) -> str | None:
+        """The hash of one call's output read from the stopped worker's memory where its reply put it; None where
+        the service cannot read that memory (process isolation and a job that made itself undumpable, a kernel
+        without /proc/<pid>/task/<pid>/children): the sketch alone holds the output there."""
+        if not held_memory.valid_regions(regions, calls):
+            self.run_state.flags["result_tampering"] = "a timing reply without the place of each call's output"
+            raise CandidateFailure
+        max_bytes = 2 * _nbytes(self.reference.expected[0]) + 4096
+        try:
+            pid = held_memory.worker_pid(worker.proc.pid, strict=worker.uid is not None)
+            return await asyncio.to_thread(held_memory.read_hash, pid, regions[call], max_bytes)
+        except held_memory.UnreadableMemory as error:
+            self.run_state.flags["result_tampering"] = f"the output of timed call {call} could not be read: {error}"
+            raise CandidateFailure from error
+        except OSError:
+            return None
 
     async def _command(
         self, worker: Worker, command: dict[str, Any], reply: str, clocked: bool = False, hold: bool = False
@@ -766,10 +799,16 @@ class Judge:
         except Exception as exc:
             raise EvaluatorFailure(f"the reference's timed output is unreadable: {type(exc).__name__}: {exc}") from exc
 
-    async def _check(self, candidate: Worker, call: int, expected: Any, committed: str) -> bool:
+    async def _check(
+        self, candidate: Worker, call: int, expected: Any, committed: str, held_hash: str | None = None
+    ) -> bool:
         """Ask for one call's output of the last block and compare it with the reference's on the same inputs.
-        `committed`: the sketch of this call's output in the block's reply; an output saved with another sketch was
-        not the one the timed call produced (filled in or computed again after the block)."""
+        `committed`: the sketch of this call's output in the block's reply, and `held_hash` the judge's hash of the
+        bytes it read from the worker's memory after the block; an output saved with another was not the one the
+        timed call produced (filled in or computed again after the block)."""
+        held = self.held.pop(candidate.proc.pid, None)
+        if held is not None:
+            await asyncio.to_thread(_resume, [candidate], held)
         self.checks += 1
         nonce = secrets.token_hex(8)
         await candidate.send({"op": "save", "call": call, "check": self.checks, "nonce": nonce})
@@ -791,7 +830,7 @@ class Judge:
             deadline=self.deadline,
             owner_uid=candidate.uid,
             trusted_root=candidate.root,
-            committed=functools.partial(_matches_sketch, committed),
+            committed=functools.partial(_is_committed, committed, held_hash),
         )
         if comparison.uncommitted:
             self.run_state.flags["result_tampering"] = (
@@ -815,8 +854,8 @@ class Judge:
         if not handed:
             self.run_state.flags["result_tampering"] = "the job replaced the inputs directory the service gave it"
             raise CandidateFailure
-        block = await self._block(candidate, [], handed_over=recheck)
-        if not await self._check(candidate, 0, self.reference.expected[recheck], block.sketches[0]):
+        block = await self._block(candidate, [], handed_over=recheck, check_call=0)
+        if not await self._check(candidate, 0, self.reference.expected[recheck], block.sketches[0], block.held_hash):
             self.run_state.flags["stale_output"] = "wrong answer on new inputs in the buffers that were timed"
 
     async def _profile(self, worker: Worker) -> list[str] | None:
@@ -985,8 +1024,10 @@ def judge_timing(
     )
 
 
-def _matches_sketch(sketch: str, outputs: Any) -> bool:
-    return output_digest.output_sketch(outputs) == sketch
+def _is_committed(sketch: str, held_hash: str | None, outputs: Any) -> bool:
+    return output_digest.output_sketch(outputs) == sketch and (
+        held_hash is None or held_memory.saved_hash(outputs) == held_hash
+    )
 
 
 def _hand_over(worker: Worker, reference: ReferenceData, trials: range) -> None:

@@ -265,7 +265,8 @@ def serve_timing(context: WorkerContext, model: Any, inputs: InputSets, guard: G
 
     `draw`: draw the next block's inputs, one set per seed. `block`: one timed call per drawn set (or on the
     handed-over set `set`), each on refilled buffers; the reply carries every call's milliseconds, the sketch of
-    every call's whole output (output_digest: what a later `save` is held to) and the judge's nonce; the judge keeps
+    every call's whole output (output_digest: what a later `save` is held to), on a CPU where each output lies in
+    memory (the judge reads the one it will check itself: held_memory) and the judge's nonce; the judge keeps
     the reported numbers only where its clock agrees. `digest`: a digest of the last block's outputs under weights
     from the judge's seed (output_digest), which the judge checks against the reference's on the same inputs. The
     judge clocks each command on both sides, so work moved out of the timed calls into drawing or digesting shows
@@ -317,10 +318,14 @@ def serve_timing(context: WorkerContext, model: Any, inputs: InputSets, guard: G
                             outputs.append(out)
                         inputs.drawn = []
                     sketches = output_digest.block_sketches(outputs)
+                    regions = None
+                    if backend.name == "cpu":
+                        outputs = [_as_laid_out(out) for out in outputs]
+                        regions = [_regions(out) for out in outputs]
             except BaseException:
                 context.emit("error", stage="timing", message=traceback.format_exc())
                 return
-            context.emit("block", nonce=command["nonce"], ms=times, sketches=sketches)
+            context.emit("block", nonce=command["nonce"], ms=times, sketches=sketches, regions=regions)
         elif op == "save":
             try:
                 replaced = _replaced(guard)
@@ -350,6 +355,22 @@ def _seed_draw(seed: int, backend: KernelBackend) -> None:
         torch.cuda.default_generators[torch.cuda.current_device()].manual_seed(seed)
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed(seed % 2**32)
+
+
+def _as_laid_out(output: Any) -> Any:
+    """The output with each tensor's values as its memory holds them (contiguous, no lazy conjugate or negation),
+    copied only where they are not: what the judge reads from memory (held_memory) is then what a save writes."""
+    tensors = list(output) if isinstance(output, list | tuple) else [output]
+    if all(t.is_contiguous() and not t.is_conj() and not t.is_neg() for t in tensors):
+        return output
+    laid_out = [t.resolve_conj().resolve_neg().contiguous() for t in tensors]
+    return laid_out if isinstance(output, list | tuple) else laid_out[0]
+
+
+def _regions(output: Any) -> list[list[int]]:
+    """Where each tensor of a CPU output lies in this process's memory: [address, bytes]."""
+    tensors = list(output) if isinstance(output, list | tuple) else [output]
+    return [[t.data_ptr(), t.numel() * t.element_size()] for t in tensors]
 
 
 def _output_tensors(outputs: list[Any]) -> list[Any] | None:

@@ -224,9 +224,9 @@ def _rewritten_to_sum(output: torch.Tensor, target: int) -> torch.Tensor:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="open (docs/evaluator.md, Not covered): the sketch is a sum, and the zeros of a correct output, rewritten "
-    "within the tolerance, bring its sum to any target, so an output computed after the block can match the sketch "
-    "of one that was not computed",
+    reason="open on GPUs (docs/evaluator.md, Not covered; on a CPU the judge reads the output from memory instead: "
+    "test_judge.py): the sketch is a sum, and the zeros of a correct output, rewritten within the tolerance, bring "
+    "its sum to any target, so an output computed after the block can match the sketch of one that was not computed",
 )
 def test_no_output_within_tolerance_of_the_right_one_has_the_sketch_of_an_uncomputed_one() -> None:
     right = torch.relu(torch.randn(512, 512, generator=torch.Generator().manual_seed(0)))

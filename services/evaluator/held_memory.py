@@ -1,0 +1,90 @@
+"""The judge's own record of a CPU output, read from the worker's memory while its job is stopped.
+
+A block's reply says where each call's output tensors lie in the worker's memory (address and size: `regions`).
+For the call it will check, the judge reads those bytes itself through /proc/<pid>/mem before the job runs again,
+and keeps their BLAKE2b hash. The output the worker later saves for the check must hash the same: it must be,
+byte for byte, what the timed call left in memory when the block ended. Nothing the candidate's process says or
+computes enters that hash (a false address only commits it to the bytes that are there), so unlike the sketch
+(output_digest), which that process computes and which a tolerance-sized rewrite can match, it binds every
+element. CPU only: a GPU output is not in the process's memory (its sketch stays the commitment there).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import torch
+
+# Bytes read from the worker's memory at a time.
+READ_CHUNK = 16 << 20
+
+
+class UnreadableMemory(OSError):
+    """The worker's memory could not be read where its reply said the output was: the candidate's doing. Any other
+    OSError here (no /proc entry, no permission) is the service's: it then has no hash of its own."""
+
+
+def valid_regions(regions: Any, calls: int) -> bool:
+    """Whether a reply's regions have the form of one list of (address, size) pairs per call."""
+    return (
+        isinstance(regions, list)
+        and len(regions) == calls
+        and all(
+            isinstance(call, list)
+            and all(
+                isinstance(pair, list)
+                and len(pair) == 2
+                and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in pair)
+                for pair in call
+            )
+            for call in regions
+        )
+    )
+
+
+def worker_pid(root_pid: int, strict: bool) -> int:
+    """The pid, as the service sees it, of the process running the worker's code: in strict isolation the child
+    of the relay the service started (pid 1 of the job's namespace), else the process the service started."""
+    if not strict:
+        return root_pid
+    with open(f"/proc/{root_pid}/task/{root_pid}/children") as handle:
+        children = handle.read().split()
+    if len(children) != 1:
+        raise OSError(f"the job's relay has {len(children)} children")
+    return int(children[0])
+
+
+def read_hash(pid: int, regions: list[list[int]], max_bytes: int) -> str:
+    """BLAKE2b of the tensors at `regions` in a stopped process's memory, each preceded by its size."""
+    if sum(size for _, size in regions) > max_bytes:
+        raise UnreadableMemory(f"the output is said to be larger than {max_bytes} bytes")
+    digest = hashlib.blake2b()
+    with open(f"/proc/{pid}/mem", "rb", buffering=0) as memory:
+        for address, size in regions:
+            digest.update(size.to_bytes(8, "little"))
+            done = 0
+            while done < size:
+                try:
+                    chunk = os.pread(memory.fileno(), min(READ_CHUNK, size - done), address + done)
+                except OSError as error:
+                    raise UnreadableMemory(f"no output at the address the reply gave: {error}") from error
+                if not chunk:
+                    raise UnreadableMemory("no output at the address the reply gave")
+                digest.update(chunk)
+                done += len(chunk)
+    return digest.hexdigest()
+
+
+def saved_hash(output: Any) -> str:
+    """The hash `read_hash` finds for an output as the worker saved it (tensors, or a list of them)."""
+    tensors = list(output) if isinstance(output, list | tuple) else [output]
+    digest = hashlib.blake2b()
+    for tensor in tensors:
+        if type(tensor) is not torch.Tensor:
+            raise TypeError(f"a saved output of {type(tensor).__name__}")
+        raw = tensor.detach().resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
+        digest.update(raw.numel().to_bytes(8, "little"))
+        digest.update(raw.numpy().tobytes())
+    return digest.hexdigest()

@@ -1,0 +1,53 @@
+"""The judge's hash of an output read from a process's memory, against the hash of the output as saved."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from services.evaluator import held_memory
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int64, torch.bool, torch.complex64]
+)
+def test_the_bytes_in_memory_hash_as_the_saved_output_does(dtype: torch.dtype) -> None:
+    """What the judge reads where the worker's output lies is what the saved copy hashes to (this process reads
+    its own memory here); a tuple of outputs hashes tensor by tensor, and one bit changed changes the hash."""
+    outputs = [torch.randn(37, 5).to(dtype), torch.arange(7)]
+    regions = [[t.data_ptr(), t.numel() * t.element_size()] for t in outputs]
+    read = held_memory.read_hash(os.getpid(), regions, 1 << 20)
+    assert read == held_memory.saved_hash([t.clone() for t in outputs])
+    changed = outputs[0].clone().reshape(-1).view(torch.uint8)
+    changed[0] ^= 1
+    assert read != held_memory.saved_hash([changed.view(dtype).reshape(37, 5), outputs[1]])
+    assert read != held_memory.saved_hash(outputs[:1])
+
+
+def test_a_strided_or_conjugated_saved_output_hashes_by_its_values() -> None:
+    """The worker lays its outputs out before it says where they are (runner._as_laid_out): a saved copy hashes by
+    its values in order, whatever its strides or lazy conjugation."""
+    values = torch.randn(6, 4, dtype=torch.complex64)
+    laid_out = values.conj().resolve_conj().t().contiguous()
+    read = held_memory.read_hash(os.getpid(), [[laid_out.data_ptr(), laid_out.numel() * 8]], 1 << 20)
+    assert read == held_memory.saved_hash(values.conj().t())
+
+
+def test_an_address_with_no_output_or_a_size_beyond_the_bound_is_the_candidates_doing() -> None:
+    with pytest.raises(held_memory.UnreadableMemory):
+        held_memory.read_hash(os.getpid(), [[8, 64]], 1 << 20)  # the first page is never mapped
+    tensor = torch.ones(1024)
+    with pytest.raises(held_memory.UnreadableMemory):
+        held_memory.read_hash(os.getpid(), [[tensor.data_ptr(), 4096]], 4095)
+
+
+@pytest.mark.parametrize("regions", [None, [[[1, 2]]] * 2, [[[1]]], [[[1, -2]]], [[["1", 2]]], [[[True, 2]]], [[1, 2]]])
+def test_malformed_regions_are_not_valid(regions: object) -> None:
+    assert not held_memory.valid_regions(regions, 1)
+    assert held_memory.valid_regions([[[1, 2], [3, 0]]], 1)
+
+
+def test_the_worker_outside_strict_isolation_is_the_process_the_service_started() -> None:
+    assert held_memory.worker_pid(os.getpid(), strict=False) == os.getpid()
