@@ -834,8 +834,9 @@ class Judge:
         )
         if comparison.uncommitted:
             self.run_state.flags["result_tampering"] = (
-                f"the output saved for the check of call {call} is not the one its timed call produced (its sketch "
-                "differs from the one the block's reply committed to: filled in or computed again after the block)"
+                f"the output saved for the check of call {call} is not the one its timed call produced (not the "
+                "sketch the block's reply committed to, or on a CPU not the bytes the judge read from memory after "
+                "the block: filled in or computed again after it)"
             )
             raise CandidateFailure
         if comparison.timed_out:
