@@ -296,7 +296,7 @@ class Block:
     ms: list[float]
     clocked_s: float
     wall_s: float
-    sketches: list[str]
+    sketches: list[str] | None  # on a GPU only
     digest: Any = None
     # The judge's own hash of the output it will check, read from the stopped worker's memory (CPU: held_memory).
     held_hash: str | None = None
@@ -644,7 +644,8 @@ class Judge:
             if check_call is not None:
                 call, block = check_call, blocks["candidate"][-1]
                 expected = await self._timer_output(timer, call)
-                if not await self._check(candidate, call, expected, block.sketches[call], block.held_hash):
+                sketch = block.sketches[call] if block.sketches is not None else None
+                if not await self._check(candidate, call, expected, sketch, block.held_hash):
                     self.run_state.flags["stale_output"] = (
                         f"the output of timed call {call} of block {index} was wrong (an answer cached or computed "
                         "before its inputs changed)"
@@ -681,8 +682,8 @@ class Judge:
             ):
                 self.run_state.flags["result_tampering"] = "a malformed timing reply"
                 raise CandidateFailure
-            sketches = reply.get("sketches")
-            if not output_digest.valid_sketches(sketches, calls):
+            sketches = reply.get("sketches") if self.gpu is not None else None
+            if self.gpu is not None and not output_digest.valid_sketches(sketches, calls):
                 self.run_state.flags["result_tampering"] = "a timing reply without a sketch of each call's output"
                 raise CandidateFailure
             block = Block([float(v) for v in ms], clocked_s, wall_s, sketches, drawn_s=drawn_s)
@@ -800,12 +801,12 @@ class Judge:
             raise EvaluatorFailure(f"the reference's timed output is unreadable: {type(exc).__name__}: {exc}") from exc
 
     async def _check(
-        self, candidate: Worker, call: int, expected: Any, committed: str, held_hash: str | None = None
+        self, candidate: Worker, call: int, expected: Any, committed: str | None, held_hash: str | None
     ) -> bool:
         """Ask for one call's output of the last block and compare it with the reference's on the same inputs.
-        `committed`: the sketch of this call's output in the block's reply, and `held_hash` the judge's hash of the
-        bytes it read from the worker's memory after the block; an output saved with another was not the one the
-        timed call produced (filled in or computed again after the block)."""
+        `committed`: the sketch of this call's output in the block's reply (GPU), and `held_hash` the judge's hash of
+        the bytes it read from the worker's memory after the block (CPU); an output saved with another was not the
+        one the timed call produced (filled in or computed again after the block)."""
         held = self.held.pop(candidate.proc.pid, None)
         if held is not None:
             await asyncio.to_thread(_resume, [candidate], held)
@@ -830,7 +831,9 @@ class Judge:
             deadline=self.deadline,
             owner_uid=candidate.uid,
             trusted_root=candidate.root,
-            committed=functools.partial(_is_committed, committed, held_hash),
+            committed=None
+            if committed is None and held_hash is None
+            else functools.partial(_is_committed, committed, held_hash),
         )
         if comparison.uncommitted:
             self.run_state.flags["result_tampering"] = (
@@ -856,7 +859,8 @@ class Judge:
             self.run_state.flags["result_tampering"] = "the job replaced the inputs directory the service gave it"
             raise CandidateFailure
         block = await self._block(candidate, [], handed_over=recheck, check_call=0)
-        if not await self._check(candidate, 0, self.reference.expected[recheck], block.sketches[0], block.held_hash):
+        sketch = block.sketches[0] if block.sketches is not None else None
+        if not await self._check(candidate, 0, self.reference.expected[recheck], sketch, block.held_hash):
             self.run_state.flags["stale_output"] = "wrong answer on new inputs in the buffers that were timed"
 
     async def _profile(self, worker: Worker) -> list[str] | None:
@@ -1025,8 +1029,8 @@ def judge_timing(
     )
 
 
-def _is_committed(sketch: str, held_hash: str | None, outputs: Any) -> bool:
-    return output_digest.output_sketch(outputs) == sketch and (
+def _is_committed(sketch: str | None, held_hash: str | None, outputs: Any) -> bool:
+    return (sketch is None or output_digest.output_sketch(outputs) == sketch) and (
         held_hash is None or held_memory.saved_hash(outputs) == held_hash
     )
 

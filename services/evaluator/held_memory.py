@@ -19,6 +19,8 @@ import torch
 
 # Bytes read from the worker's memory at a time.
 READ_CHUNK = 16 << 20
+# No region reaches past this (a file offset is signed 64-bit: beyond it pread raises OverflowError).
+ADDRESS_END = 1 << 63
 
 
 class UnreadableMemory(OSError):
@@ -37,6 +39,7 @@ def valid_regions(regions: Any, calls: int) -> bool:
                 isinstance(pair, list)
                 and len(pair) == 2
                 and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in pair)
+                and pair[0] + pair[1] < ADDRESS_END
                 for pair in call
             )
             for call in regions
@@ -68,7 +71,7 @@ def read_hash(pid: int, regions: list[list[int]], max_bytes: int) -> str:
             while done < size:
                 try:
                     chunk = os.pread(memory.fileno(), min(READ_CHUNK, size - done), address + done)
-                except OSError as error:
+                except (OSError, OverflowError, ValueError) as error:
                     raise UnreadableMemory(f"no output at the address the reply gave: {error}") from error
                 if not chunk:
                     raise UnreadableMemory("no output at the address the reply gave")
@@ -77,14 +80,33 @@ def read_hash(pid: int, regions: list[list[int]], max_bytes: int) -> str:
     return digest.hexdigest()
 
 
+def dense(tensor: torch.Tensor) -> bool:
+    """Whether a tensor's elements fill one span of memory without gaps or overlaps, in some order of its dimensions
+    (contiguous, channels_last, a transpose...): that span, from its first element, is then all of it."""
+    expected = 1
+    pairs = sorted((stride, size) for size, stride in zip(tensor.shape, tensor.stride(), strict=True) if size != 1)
+    for stride, size in pairs:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def in_memory_order(tensor: torch.Tensor) -> torch.Tensor:
+    """A dense tensor's elements in the order memory holds them (what `read_hash` reads)."""
+    return torch.as_strided(tensor, (tensor.numel(),), (1,), tensor.storage_offset())
+
+
 def saved_hash(output: Any) -> str:
-    """The hash `read_hash` finds for an output as the worker saved it (tensors, or a list of them)."""
+    """The hash `read_hash` finds for an output as the worker saved it (tensors, or a list of them: a copy keeps a
+    dense tensor's strides, so its memory order is the worker's)."""
     tensors = list(output) if isinstance(output, list | tuple) else [output]
     digest = hashlib.blake2b()
     for tensor in tensors:
         if type(tensor) is not torch.Tensor:
             raise TypeError(f"a saved output of {type(tensor).__name__}")
-        raw = tensor.detach().resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
+        values = tensor.detach().resolve_conj().resolve_neg()
+        raw = (in_memory_order(values) if dense(values) else values.contiguous().reshape(-1)).view(torch.uint8)
         digest.update(raw.numel().to_bytes(8, "little"))
         digest.update(raw.numpy().tobytes())
     return digest.hexdigest()

@@ -17,7 +17,8 @@ almost surely; a few wrong calls or elements may pass, and are left to the full 
 (Judge._check). Sampled positions keep the digest's cost per call small and the same for any output layout, so it
 adds little, and the same, to both sides' blocks on the judge's clock.
 
-The positions are unknown during the calls, but code of the candidate's could run in the digest (the worker's code
+On a GPU (on a CPU the judge reads the output it checks from the worker's memory itself: held_memory) the
+positions are unknown during the calls, but code of the candidate's could run in the digest (the worker's code
 is within its process's reach) and compute the sampled values then, none in the timed calls. What holds a block to
 the outputs its calls produced is therefore a commitment the worker makes before the block's reply, on the judge's
 clock, with no secret in it: the sketch of every call's whole output (`block_sketches`: a hash of each tensor's
@@ -89,6 +90,12 @@ def output_sketch(output: Any) -> str:
     return _sketch(_layout(tensors), [_bit_sums([tensor])[0] for tensor in tensors])
 
 
+def plain(output: Any) -> Any:
+    """The output as it is, if it is a plain tensor or a tuple or list of them (what a timed call must return)."""
+    _tensors(output)
+    return output
+
+
 def _calls(outputs: list[Any]) -> list[list[torch.Tensor]]:
     calls = [_tensors(output) for output in outputs]
     if any(_layout(tensors) != _layout(calls[0]) for tensors in calls[1:]):
@@ -115,24 +122,15 @@ def _words(tensor: torch.Tensor) -> torch.Tensor:
 
 def _bit_sums(tensors: list[torch.Tensor]) -> list[int]:
     """The exact sum of each tensor's raw bits read as integers (in int64: at most 2**31 * 2**32 for 16 GiB, no
-    overflow). A sum to int64 makes an int64 copy of what it reads, so a tensor is read in chunks of SKETCH_CHUNK
-    words (its memory stays bounded whatever the output's size), and small tensors of one layout are stacked into
-    one reduction up to that size."""
-    words = [_words(t) for t in tensors]
-    size = max(1, words[0].numel())
-    if size > SKETCH_CHUNK:
-        chunked = [
-            torch.stack(
-                [w[start : start + SKETCH_CHUNK].sum(dtype=torch.int64) for start in range(0, size, SKETCH_CHUNK)]
-            )
-            for w in words
-        ]
-        return [int(v) for v in torch.stack(chunked).sum(dim=1).tolist()]
-    step = max(1, SKETCH_CHUNK // size)
-    sums = [
-        torch.stack(words[start : start + step]).sum(dim=1, dtype=torch.int64) for start in range(0, len(words), step)
-    ]
-    return [int(v) for v in torch.cat(sums).tolist()]
+    overflow), one reduction per tensor (stacking small ones was slower: the copy costs more than the launches). A
+    sum to int64 makes an int64 copy of what it reads, so a tensor is read in chunks of SKETCH_CHUNK words and its
+    memory stays bounded whatever the output's size."""
+    sums = []
+    for tensor in tensors:
+        words = _words(tensor)
+        chunks = range(0, max(1, words.numel()), SKETCH_CHUNK)
+        sums.append(torch.stack([words[start : start + SKETCH_CHUNK].sum(dtype=torch.int64) for start in chunks]).sum())
+    return [int(v) for v in torch.stack(sums).tolist()]
 
 
 def _tensor_seed(seed: int, index: int) -> int:

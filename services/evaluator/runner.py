@@ -32,7 +32,7 @@ from typing import IO, Any
 import torch
 import torch.utils.cpp_extension  # noqa: F401 - imported before candidate code, so build_cache can wrap it
 
-from services.evaluator import build_cache, gpu_checks, output_digest, pch
+from services.evaluator import build_cache, gpu_checks, held_memory, output_digest, pch
 from services.evaluator.backends import KernelBackend, get_backend, triton_support
 from services.evaluator.guards import Guard
 
@@ -264,9 +264,9 @@ def serve_timing(context: WorkerContext, model: Any, inputs: InputSets, guard: G
     outside, on both sides, and compares.
 
     `draw`: draw the next block's inputs, one set per seed. `block`: one timed call per drawn set (or on the
-    handed-over set `set`), each on refilled buffers; the reply carries every call's milliseconds, the sketch of
-    every call's whole output (output_digest: what a later `save` is held to), on a CPU where each output lies in
-    memory (the judge reads the one it will check itself: held_memory) and the judge's nonce; the judge keeps
+    handed-over set `set`), each on refilled buffers; the reply carries every call's milliseconds, on a GPU the
+    sketch of every call's whole output (output_digest: what a later `save` is held to), on a CPU where each output
+    lies in memory (the judge reads the one it will check itself: held_memory) and the judge's nonce; the judge keeps
     the reported numbers only where its clock agrees. `digest`: a digest of the last block's outputs under weights
     from the judge's seed (output_digest), which the judge checks against the reference's on the same inputs. The
     judge clocks each command on both sides, so work moved out of the timed calls into drawing or digesting shows
@@ -317,11 +317,14 @@ def serve_timing(context: WorkerContext, model: Any, inputs: InputSets, guard: G
                             times.append(milliseconds)
                             outputs.append(out)
                         inputs.drawn = []
-                    sketches = output_digest.block_sketches(outputs)
-                    regions = None
+                    # On a CPU the judge reads the checked output from this process's memory itself (held_memory):
+                    # the sketch, which costs both sides' blocks time on the clock, is needed only on a GPU.
+                    sketches, regions = None, None
                     if backend.name == "cpu":
-                        outputs = [_as_laid_out(out) for out in outputs]
+                        outputs = [_as_laid_out(output_digest.plain(out)) for out in outputs]
                         regions = [_regions(out) for out in outputs]
+                    else:
+                        sketches = output_digest.block_sketches(outputs)
             except BaseException:
                 context.emit("error", stage="timing", message=traceback.format_exc())
                 return
@@ -358,17 +361,18 @@ def _seed_draw(seed: int, backend: KernelBackend) -> None:
 
 
 def _as_laid_out(output: Any) -> Any:
-    """The output with each tensor's values as its memory holds them (contiguous, no lazy conjugate or negation),
-    copied only where they are not: what the judge reads from memory (held_memory) is then what a save writes."""
+    """The output with each tensor's values in one span of memory (dense in any order of its dimensions, no lazy
+    conjugate or negation), copied only where they are not (rare: a copy would cost this side alone time on the
+    judge's clock): what the judge reads from memory (held_memory) is then what a save writes."""
     tensors = list(output) if isinstance(output, list | tuple) else [output]
-    if all(t.is_contiguous() and not t.is_conj() and not t.is_neg() for t in tensors):
+    if all(held_memory.dense(t) and not t.is_conj() and not t.is_neg() for t in tensors):
         return output
     laid_out = [t.resolve_conj().resolve_neg().contiguous() for t in tensors]
     return laid_out if isinstance(output, list | tuple) else laid_out[0]
 
 
 def _regions(output: Any) -> list[list[int]]:
-    """Where each tensor of a CPU output lies in this process's memory: [address, bytes]."""
+    """Where each (dense) tensor of a CPU output lies in this process's memory: [address, bytes]."""
     tensors = list(output) if isinstance(output, list | tuple) else [output]
     return [[t.data_ptr(), t.numel() * t.element_size()] for t in tensors]
 

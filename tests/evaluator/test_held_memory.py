@@ -26,13 +26,23 @@ def test_the_bytes_in_memory_hash_as_the_saved_output_does(dtype: torch.dtype) -
     assert read != held_memory.saved_hash(outputs[:1])
 
 
-def test_a_strided_or_conjugated_saved_output_hashes_by_its_values() -> None:
-    """The worker lays its outputs out before it says where they are (runner._as_laid_out): a saved copy hashes by
-    its values in order, whatever its strides or lazy conjugation."""
-    values = torch.randn(6, 4, dtype=torch.complex64)
-    laid_out = values.conj().resolve_conj().t().contiguous()
-    read = held_memory.read_hash(os.getpid(), [[laid_out.data_ptr(), laid_out.numel() * 8]], 1 << 20)
-    assert read == held_memory.saved_hash(values.conj().t())
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
+        lambda: torch.randn(6, 4).t(),
+        lambda: torch.randn(8, 8)[2:4],
+    ],
+    ids=["channels_last", "transposed", "offset_slice"],
+)
+def test_a_dense_output_is_read_in_place_and_its_saved_copy_hashes_the_same(make) -> None:  # noqa: ANN001
+    """A dense output in any order of its dimensions is read where it lies, without a copy on the worker's side (a
+    copy would cost the candidate alone time on the clock); the copy a save makes keeps its strides."""
+    tensor = make()
+    assert held_memory.dense(tensor)
+    read = held_memory.read_hash(os.getpid(), [[tensor.data_ptr(), tensor.numel() * 4]], 1 << 20)
+    assert read == held_memory.saved_hash(tensor.to("cpu", copy=True))
+    assert not held_memory.dense(torch.randn(4, 6)[:, ::2]) and not held_memory.dense(torch.randn(3).expand(4, 3))
 
 
 def test_an_address_with_no_output_or_a_size_beyond_the_bound_is_the_candidates_doing() -> None:
@@ -43,7 +53,9 @@ def test_an_address_with_no_output_or_a_size_beyond_the_bound_is_the_candidates_
         held_memory.read_hash(os.getpid(), [[tensor.data_ptr(), 4096]], 4095)
 
 
-@pytest.mark.parametrize("regions", [None, [[[1, 2]]] * 2, [[[1]]], [[[1, -2]]], [[["1", 2]]], [[[True, 2]]], [[1, 2]]])
+@pytest.mark.parametrize(
+    "regions", [None, [[[1, 2]]] * 2, [[[1]]], [[[1, -2]]], [[["1", 2]]], [[[True, 2]]], [[1, 2]], [[[1 << 63, 4096]]]]
+)
 def test_malformed_regions_are_not_valid(regions: object) -> None:
     assert not held_memory.valid_regions(regions, 1)
     assert held_memory.valid_regions([[[1, 2], [3, 0]]], 1)

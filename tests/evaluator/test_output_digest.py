@@ -156,8 +156,8 @@ def test_the_service_finds_each_calls_sketch_in_its_saved_output(shape: tuple[in
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 80, 96 * 80 + 1])
-def test_stacked_and_chunked_sketches_agree(monkeypatch: pytest.MonkeyPatch, chunk: int) -> None:
-    """Small outputs are summed in one stacked reduction, large ones in chunks: the sketch is the same."""
+def test_chunked_sketches_agree(monkeypatch: pytest.MonkeyPatch, chunk: int) -> None:
+    """Large outputs are summed in chunks: the sketch is the same whatever the chunk."""
     calls = outputs(3)
     expected = output_digest.block_sketches(calls)
     monkeypatch.setattr(output_digest, "SKETCH_CHUNK", chunk)
