@@ -91,8 +91,8 @@ def test_two_updates_kill_after_checkpoint_and_resume(services, tmp_path):
             assert proc.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, "no checkpoint within 600 s"
             with contextlib.suppress(httpx.HTTPError):
-                statuses.append(httpx.get(f"http://127.0.0.1:{port}/status", timeout=2).json())
-            time.sleep(1.0)
+                statuses.append(httpx.get(f"http://127.0.0.1:{port}/status", timeout=10).json())
+            time.sleep(0.25)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
