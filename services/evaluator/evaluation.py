@@ -302,6 +302,10 @@ class Block:
     held_hash: str | None = None
     drawn_s: float = 0.0
     digest_s: float = 0.0
+    # The same steps by the wall clock: on a CPU the judge's clock is CPU time, which a process that exits before
+    # the reply takes with it (helpers that compute the block's answers while the inputs are drawn).
+    drawn_wall_s: float = 0.0
+    digest_wall_s: float = 0.0
 
     @property
     def unexplained_s(self) -> float:
@@ -666,10 +670,10 @@ class Judge:
         the digest of the outputs under `digest_seed`. On a CPU the output of `check_call` is read from the worker's
         memory while its job is stopped after the block (held_memory), before anything of it runs again."""
         async with self._paused(worker):
-            drawn_s = 0.0
+            drawn_s = drawn_wall_s = 0.0
             if handed_over is None:
                 command: dict[str, Any] = {"op": "draw", "seeds": seeds}
-                drawn_s = (await self._command(worker, command, "drawn", clocked=True, hold=True))[1]
+                _, drawn_s, drawn_wall_s = await self._command(worker, command, "drawn", clocked=True, hold=True)
             command = {"op": "block", "set": handed_over}
             hold = digest_seed is not None or check_call is not None
             reply, clocked_s, wall_s = await self._command(worker, command, "block", clocked=True, hold=hold)
@@ -686,12 +690,16 @@ class Judge:
             if self.gpu is not None and not output_digest.valid_sketches(sketches, calls):
                 self.run_state.flags["result_tampering"] = "a timing reply without a sketch of each call's output"
                 raise CandidateFailure
-            block = Block([float(v) for v in ms], clocked_s, wall_s, sketches, drawn_s=drawn_s)
+            block = Block(
+                [float(v) for v in ms], clocked_s, wall_s, sketches, drawn_s=drawn_s, drawn_wall_s=drawn_wall_s
+            )
             if check_call is not None and self.gpu is None:
                 block.held_hash = await self._read_held(worker, reply.get("regions"), calls, check_call)
             if digest_seed is not None:
                 command = {"op": "digest", "seed": digest_seed}
-                reply, block.digest_s, _ = await self._command(worker, command, "digested", clocked=True)
+                reply, block.digest_s, block.digest_wall_s = await self._command(
+                    worker, command, "digested", clocked=True
+                )
                 block.digest = reply.get("digest")
                 if worker is not self.timer:
                     self.run_state.replaced |= _names(reply.get("replaced"))
@@ -898,15 +906,29 @@ def hides_work(reference: list[Block], candidate: list[Block]) -> bool:
 
 def slower_outside_calls(reference: list[Block], candidate: list[Block]) -> str:
     """Which step around the timed calls (drawing the inputs, the digest) took the candidate longer than the
-    reference in nearly every pair of blocks, or "". Both run the same code there, so more time is work moved out
-    of the timed calls: answers computed while the inputs were drawn, or only when the digest asked for them."""
-    for step, ours, theirs in (
-        ("drawing the inputs", [b.drawn_s for b in candidate], [b.drawn_s for b in reference]),
-        ("the output digest", [b.digest_s for b in candidate], [b.digest_s for b in reference]),
+    reference in nearly every pair of blocks, by the judge's clock or by the wall clock, or "". Both run the same
+    code there, so more time is work moved out of the timed calls: answers computed while the inputs were drawn, or
+    only when the digest asked for them. On a CPU the judge's clock is CPU time, and a process that exits before the
+    reply takes its CPU time with it; work done there still takes wall time (on a GPU the two clocks are one)."""
+    for step, clock, ours, theirs in (
+        ("drawing the inputs", "the judge's clock", [b.drawn_s for b in candidate], [b.drawn_s for b in reference]),
+        ("the output digest", "the judge's clock", [b.digest_s for b in candidate], [b.digest_s for b in reference]),
+        (
+            "drawing the inputs",
+            "the wall clock",
+            [b.drawn_wall_s for b in candidate],
+            [b.drawn_wall_s for b in reference],
+        ),
+        (
+            "the output digest",
+            "the wall clock",
+            [b.digest_wall_s for b in candidate],
+            [b.digest_wall_s for b in reference],
+        ),
     ):
         if _ranks_above(ours, theirs):
             return (
-                f"{step} took {statistics.median(ours) * 1e3:.3f} ms per block (median) by the judge's clock against "
+                f"{step} took {statistics.median(ours) * 1e3:.3f} ms per block (median) by {clock} against "
                 f"{statistics.median(theirs) * 1e3:.3f} ms for the reference, in nearly every pair of blocks: work "
                 "moved out of the timed calls"
             )

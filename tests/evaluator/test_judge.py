@@ -372,6 +372,73 @@ class ModelNew(torch.nn.Module):
 """
 
 # Points its output directory at another directory after the first call, so the service would read elsewhere.
+# A red-team candidate (it scored correct with no flag at 5.5x and 9.3x when only the CPU time of the draw was
+# compared): the guard silenced, and the worker's draw wrapped so that a helper process, told the seeds, draws the
+# same inputs and computes every output of the block into memory shared with the worker while the worker draws;
+# the helper then forks its successor and exits before the reply, taking its CPU time with it (the kernel reaps
+# it). Each timed call does a quarter of the work (so the judge's clock resolves it) and returns the helper's
+# answer for its inputs; the correctness run and the re-check are computed.
+DRAW_OFFLOAD = """
+import collections, mmap, os, select, signal
+import torch
+import services.evaluator.runner as _runner
+_runner._replaced = lambda guard: []
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+_SETS = 64
+_OUTPUTS = torch.frombuffer(mmap.mmap(-1, _SETS * 512 * 512 * 4), dtype=torch.float32).view(_SETS, 512, 512)
+_GO, _TELL = os.pipe()
+_WAIT, _DONE = os.pipe()
+_READY = collections.deque()
+_SCALE = []
+
+def _f(x):
+    for _ in range(10):
+        x = torch.sin(x) + x * 0.5
+    return x
+
+def _helper(sets):
+    torch.set_num_threads(1)
+    seeds = os.read(_GO, 8 * _SETS)
+    for i in range(len(seeds) // 8):
+        (x,) = sets.draw(int.from_bytes(seeds[8 * i : 8 * i + 8], "little"))
+        _OUTPUTS[i].copy_(torch.relu(_f(x)) * _SCALE[0])
+    if os.fork() == 0:
+        _helper(sets)
+    os.write(_DONE, os.getpid().to_bytes(4, "little"))
+    os._exit(0)
+
+_draw_all = _runner.InputSets.draw_all
+
+def _offloaded_draw(self, seeds):
+    if not _SCALE[1:]:
+        _SCALE.append("helper started")
+        if os.fork() == 0:
+            _helper(self)
+    seeds = seeds[:_SETS]
+    os.write(_TELL, b"".join(int(s).to_bytes(8, "little") for s in seeds))
+    _draw_all(self, seeds)
+    helper = os.pidfd_open(int.from_bytes(os.read(_WAIT, 4), "little"))
+    select.select([helper], [], [])  # readable once it is gone, and its CPU time with it
+    os.close(helper)
+    _READY.clear()
+    for i, values in enumerate(self.drawn):
+        _READY.append((values[0].flatten()[:8].clone(), _OUTPUTS[i]))
+
+_runner.InputSets.draw_all = _offloaded_draw
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+        _SCALE.append(scale)
+
+    def forward(self, x):
+        if _READY and torch.equal(x.flatten()[:8], _READY[0][0]):
+            _f(x[: x.shape[0] // 4])
+            return _READY.popleft()[1].clone()
+        return torch.relu(_f(x)) * self.scale
+"""
+
 SYMLINKED_OUTPUTS = sources.candidate(
     """
 import os
@@ -451,6 +518,14 @@ def test_an_output_forged_within_the_tolerance_is_caught_on_the_cpu(client: http
     result = evaluate(client, SKETCH_FORGED_WITHIN_TOLERANCE, HEAVY_REFERENCE, timing_trials=20, timeout_s=240)
     assert result["status"] == "rejected" and "result_tampering" in result["flags"], result
     assert "not the one its timed call produced" in result["message"], result["message"]
+    assert_still_correct(client)
+
+
+def test_answers_computed_by_helpers_while_the_inputs_are_drawn_are_seen(client: httpx.Client) -> None:
+    """The helper's CPU time leaves with it; the wall time of the draw does not."""
+    result = evaluate(client, DRAW_OFFLOAD, HEAVY_REFERENCE, timing_trials=20, timeout_s=240)
+    assert result["status"] == "rejected" and "implausible_timing" in result["flags"], result
+    assert "drawing the inputs" in result["message"], result["message"]
     assert_still_correct(client)
 
 
