@@ -22,18 +22,24 @@ positions are unknown during the calls, but code of the candidate's could run in
 is within its process's reach) and compute the sampled values then, none in the timed calls. What holds a block to
 the outputs its calls produced is therefore a commitment the worker makes before the block's reply, on the judge's
 clock, with no secret in it: the sketch of every call's whole output (`block_sketches`: a hash of each tensor's
-layout and of the exact sum of its raw bits read as integers). The judge checks a call in full after the block, and
-computes the sketch of the output the worker saves for it itself (`output_sketch`): an output filled in or computed
-again after the block (by a replaced digest, a thread, the exact version of a call timed in low precision) has other
-bits, so another sketch, whatever the worker's code was made to say. Which call is checked is chosen after the
-reply, and a right sketch takes the right bits of every element: the work itself. Integer sums are exact, so a GPU
-and the service's CPU agree on them to the bit.
+layout and of the root of a BLAKE2s tree over its raw bytes, hashed on the GPU by chunk_hash.cu). The judge checks
+a call in full after the block, and computes the sketch of the output the worker saves for it itself
+(`output_sketch`, with hashlib): an output filled in or computed again after the block (by a replaced digest, a
+thread, the exact version of a call timed in low precision) has other bytes, so another sketch, whatever the
+worker's code was made to say. Which call is checked is chosen after the reply, and a right sketch takes the right
+bytes of every element: the work itself. A hash binds every bit: the freedom the tolerance leaves an output does
+not help to match a sketch (it did when the sketch was a sum of the bits: a few zeros rewritten within the
+tolerance brought a correct output to the sum of an uncomputed one); that takes a BLAKE2s second preimage.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, TypeGuard
 
 import torch
@@ -54,10 +60,20 @@ EXACT_SUM_SLACK = 1e-9
 # Most output tensors per call (as in compare.py).
 MAX_TENSORS = 4096
 SUMS = 3  # D, P1, P2
-# Bytes of a call's sketch (BLAKE2b of the layout and the bit sums).
-SKETCH_BYTES = 8
-# Words of output a sketch's reduction reads at once (its int64 copy: 32 MiB).
-SKETCH_CHUNK = 4 << 20
+# Bytes of a call's sketch (BLAKE2b of the layout and each tensor's tree root).
+SKETCH_BYTES = 16
+# A level of the tree is the BLAKE2s digest of each TREE_CHUNK bytes of the one below (the raw bytes at the bottom),
+# up to a root of at most DIGEST_BYTES; KA_CHUNK in chunk_hash.cu. hashlib releases the GIL from 2 KiB on, so the
+# service hashes a large saved output in threads.
+TREE_CHUNK = 4096
+DIGEST_BYTES = 32
+# Threads per block of the device hash, and the most calls one launch takes (gridDim.y).
+HASH_THREADS = 128
+MAX_CALLS_PER_LAUNCH = 65535
+# Bytes of a level above which the service hashes it in threads.
+THREADED_BYTES = 4 << 20
+
+_unavailable: list[str] = []  # why the device hash could not be used, where it could not
 
 
 def block_digest(outputs: list[Any], seed: int) -> list[dict[str, Any]]:
@@ -77,17 +93,25 @@ def block_sketches(outputs: list[Any]) -> list[str]:
     if not calls:
         return []
     layout = _layout(calls[0])
-    sums: list[list[int]] = [[] for _ in calls]
+    roots: list[list[bytes]] = [[] for _ in calls]
     for index in range(len(layout)):
-        for call, value in enumerate(_bit_sums([tensors[index] for tensors in calls])):
-            sums[call].append(value)
-    return [_sketch(layout, call_sums) for call_sums in sums]
+        for call, root in enumerate(_tree_roots([tensors[index] for tensors in calls])):
+            roots[call].append(root)
+    return [_sketch(layout, call_roots) for call_roots in roots]
 
 
 def output_sketch(output: Any) -> str:
     """The sketch `block_sketches` gives a call whose output is `output` (as saved: on the CPU, tuples as lists)."""
     tensors = _tensors(output)
-    return _sketch(_layout(tensors), [_bit_sums([tensor])[0] for tensor in tensors])
+    return _sketch(_layout(tensors), [_tree_roots([tensor])[0] for tensor in tensors])
+
+
+def prepare(device: str) -> str:
+    """Compile (and test) the device hash where sketches are made on a GPU, so that no timed block pays for it;
+    why it is unavailable (outputs are then hashed on the host), or ""."""
+    if device.startswith("cuda") and _chunk_hash_kernel() is None:
+        return _unavailable[-1]
+    return ""
 
 
 def plain(output: Any) -> Any:
@@ -107,30 +131,92 @@ def _layout(tensors: list[torch.Tensor]) -> list[tuple[list[int], str]]:
     return [(list(t.shape), str(t.dtype).removeprefix("torch.")) for t in tensors]
 
 
-def _sketch(layout: list[tuple[list[int], str]], sums: list[int]) -> str:
+def _sketch(layout: list[tuple[list[int], str]], roots: list[bytes]) -> str:
     digest = hashlib.blake2b(digest_size=SKETCH_BYTES)
-    digest.update(repr((layout, sums)).encode())
+    digest.update(repr((layout, roots)).encode())
     return digest.hexdigest()
 
 
-def _words(tensor: torch.Tensor) -> torch.Tensor:
-    """A tensor's raw bits in its logical order, as integers of 4 bytes (2 or 1 where its size is no multiple)."""
-    raw = _real(tensor).contiguous().reshape(-1).view(torch.uint8)
-    width = torch.int32 if raw.numel() % 4 == 0 else torch.int16 if raw.numel() % 2 == 0 else torch.uint8
-    return raw.view(width)
+def _raw(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor's raw bytes in its logical order."""
+    return _real(tensor).contiguous().reshape(-1).view(torch.uint8)
 
 
-def _bit_sums(tensors: list[torch.Tensor]) -> list[int]:
-    """The exact sum of each tensor's raw bits read as integers (in int64: at most 2**31 * 2**32 for 16 GiB, no
-    overflow), one reduction per tensor (stacking small ones was slower: the copy costs more than the launches). A
-    sum to int64 makes an int64 copy of what it reads, so a tensor is read in chunks of SKETCH_CHUNK words and its
-    memory stays bounded whatever the output's size."""
-    sums = []
-    for tensor in tensors:
-        words = _words(tensor)
-        chunks = range(0, max(1, words.numel()), SKETCH_CHUNK)
-        sums.append(torch.stack([words[start : start + SKETCH_CHUNK].sum(dtype=torch.int64) for start in chunks]).sum())
-    return [int(v) for v in torch.stack(sums).tolist()]
+def _tree_roots(tensors: list[torch.Tensor]) -> list[bytes]:
+    """The root of the BLAKE2s tree over each tensor's raw bytes (tensors of one shape and dtype)."""
+    raws = [_raw(tensor) for tensor in tensors]
+    if raws[0].is_cuda:
+        kernel = _chunk_hash_kernel()
+        if kernel is not None:
+            return _device_roots(kernel, raws)
+    return [_host_root(raw.cpu().numpy().data) for raw in raws]
+
+
+def _host_root(level: memoryview | bytes) -> bytes:
+    while len(level) > DIGEST_BYTES:
+        starts = range(0, len(level), TREE_CHUNK)
+        if len(level) > THREADED_BYTES:
+            with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+                parts = list(pool.map(functools.partial(_chunk_digests, level), _slices(starts, 64)))
+            level = b"".join(parts)
+        else:
+            level = _chunk_digests(level, starts)
+    return bytes(level)
+
+
+def _chunk_digests(level: memoryview | bytes, starts: range) -> bytes:
+    return b"".join(hashlib.blake2s(level[start : start + TREE_CHUNK]).digest() for start in starts)
+
+
+def _slices(starts: range, parts: int) -> list[range]:
+    step = -(-len(starts) // parts)
+    return [starts[i : i + step] for i in range(0, len(starts), step)]
+
+
+@functools.cache
+def _chunk_hash_kernel() -> Any | None:
+    """chunk_hash.cu compiled for the current GPU by NVRTC (torch's private `torch.cuda._compile_kernel`: no nvcc
+    needed), once it has hashed a test buffer as hashlib does. None where it cannot be compiled or disagrees: GPU
+    outputs are then copied to the host and hashed there, the same sketch at a higher cost to both sides' blocks."""
+    try:
+        source = Path(__file__).with_name("chunk_hash.cu").read_text()
+        kernel = torch.cuda._compile_kernel(source, "ka_chunk_hashes")
+        sample = torch.randint(256, (3 * TREE_CHUNK + 41,), dtype=torch.uint8, generator=torch.Generator())
+        views = [sample.cuda(), sample.cuda()[1:]]  # the second starts off a 16-byte boundary
+        expected = [_host_root(view.cpu().numpy().data) for view in views]
+        if _device_roots(kernel, views) != expected:
+            raise RuntimeError("its digests differ from hashlib's")
+    except Exception as error:  # any failure of a private API or of the kernel: the host computes the same hash
+        _unavailable.append(f"{type(error).__name__}: {error}")
+        return None
+    return kernel
+
+
+def _device_roots(kernel: Any, raws: list[torch.Tensor]) -> list[bytes]:
+    """`_host_root` of each buffer, computed on its GPU: one launch per level for every call at once."""
+    roots = []
+    for start in range(0, len(raws), MAX_CALLS_PER_LAUNCH):
+        group = [raw if raw.data_ptr() % 16 == 0 else raw.clone() for raw in raws[start : start + MAX_CALLS_PER_LAUNCH]]
+        device, length = group[0].device, group[0].numel()
+        if length <= DIGEST_BYTES:
+            level = torch.stack(group) if length else torch.empty((len(group), 0), dtype=torch.uint8)
+        else:
+            # `below` holds what `sources` point at until the launch that reads it has been queued (a level freed
+            # before would be read after the allocator took it back).
+            below: Any = group
+            sources = torch.tensor([raw.data_ptr() for raw in group], dtype=torch.int64, device=device)
+            while length > DIGEST_BYTES:
+                chunks = -(-length // TREE_CHUNK)
+                level = torch.empty((len(group), chunks * DIGEST_BYTES), dtype=torch.uint8, device=device)
+                kernel(
+                    grid=(-(-chunks // HASH_THREADS), len(group), 1),
+                    block=(HASH_THREADS, 1, 1),
+                    args=[sources, level, chunks, length - (chunks - 1) * TREE_CHUNK],
+                )
+                below, length = level, chunks * DIGEST_BYTES
+                sources = torch.arange(len(group), dtype=torch.int64, device=device) * length + below.data_ptr()
+        roots += [row.tobytes() for row in level.cpu().numpy()]
+    return roots
 
 
 def _tensor_seed(seed: int, index: int) -> int:

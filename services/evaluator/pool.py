@@ -264,6 +264,7 @@ class WorkerPool:
         self._active: set[Worker] = set()
         self._refill: set[asyncio.Task[None]] = set()
         self._counter = itertools.count()
+        self._warned_device_hash = False
         self.waiting = 0
         self.running = 0
         build_cache.prepare(settings.cache_dir)
@@ -359,6 +360,10 @@ class WorkerPool:
             await self._dispose(worker)
             detail = event.get("message", "") if event else "no answer"
             raise WorkerStartError(f"worker did not start: {detail}"[-2000:])
+        if event.get("device_hash_unavailable") and not self._warned_device_hash:
+            # Sent before any job's code ran in the worker. Sketches stay sound (the same hash, on the host), slower.
+            self._warned_device_hash = True
+            log.warning("GPU outputs are hashed on the host: %s", str(event["device_hash_unavailable"])[:500])
 
     def _child_env(self, home: Path, gpu: str | None, threads: int) -> dict[str, str]:
         env = sandbox.child_env(home, self.settings.build_jobs, threads)

@@ -54,6 +54,8 @@ class WorkerContext:
     threads: int
     emit: Callable[..., None]
     control: IO[str]
+    # Why GPU outputs are hashed on the host (output_digest.prepare), or "": the service logs it.
+    device_hash_unavailable: str = ""
 
     @classmethod
     def start(
@@ -63,10 +65,12 @@ class WorkerContext:
         backend = get_backend(device)
         if not backend.available():
             raise RuntimeError(f"device {device!r} is not available in this worker")
+        device_hash_unavailable = ""
         if backend.name == "cuda":
             # Build for this GPU's arch only (read from the device) unless the candidate names its own.
             os.environ.setdefault("TORCH_CUDA_ARCH_LIST", pch.device_arch(0))
             backend.activate()
+            device_hash_unavailable = output_digest.prepare(backend.device_string())
         # Trusted patches of torch by torch itself happen before the guard's snapshot, so that a torch.compile or
         # Triton candidate is not flagged for them: importing torch._dynamo wraps torch.manual_seed, and dynamo's
         # first compile replaces nn.Module.__init__/__setstate__ (generation tagging), which we install up front.
@@ -74,7 +78,7 @@ class WorkerContext:
         dynamo.mutation_guard.install_generation_tagging_init()
         if backend.name == "cuda" and triton_support.available():
             importlib.import_module("triton.language")
-        return cls(backend, Path.cwd(), Path(cache_dir), threads, emit, control)
+        return cls(backend, Path.cwd(), Path(cache_dir), threads, emit, control, device_hash_unavailable)
 
     def command(self) -> dict[str, Any]:
         """The judge's next command; an empty dict when the service closed the pipe."""

@@ -47,7 +47,7 @@ def main() -> None:
     except BaseException:
         events.emit("error", stage="startup", message=traceback.format_exc())
         os._exit(3)
-    events.emit("ready")
+    events.emit("ready", device_hash_unavailable=context.device_hash_unavailable)
     job = json.loads(sys.stdin.readline())
     try:
         runner.run_job(context, job)

@@ -273,3 +273,114 @@ DEEP_ERROR_MESSAGE_WRONG = candidate(
     prelude='import os\nFORGED = b\'{"event": "error", "stage": "run", "message": \' + b\'[\' * 975 + b\']\' * 975'
     " + b'}\\n'\n" + _FORGE,
 )
+
+
+# A problem heavy enough that 1/16 of its work is resolved by the judge's clock: ten rounds of sin, then a ReLU
+# (half of the outputs exactly 0).
+HEAVY_REFERENCE = """
+import torch
+
+def _f(x):
+    for _ in range(10):
+        x = torch.sin(x) + x * 0.5
+    return x
+
+class Model(torch.nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return torch.relu(_f(x)) * self.scale
+
+def get_inputs():
+    return [torch.randn(512, 512)]
+
+def get_init_inputs():
+    return [2.0]
+"""
+
+# A red-team candidate against the sketch when it was a sum of an output's raw bits (it scored correct at 11.7x and
+# 15.9x with that alone): the guard silenced, 1/16 of the work in each timed call and a zero tensor returned (what the
+# block commits to), a replaced digest that computes only the sampled positions, and a replaced to_plain that computes
+# the checked call in full, then rewrites its zeros within the tolerance so that its bits sum to the zeros' sum. The
+# correctness run and the re-check are honest. On a CPU the judge reads the checked call's bytes from the stopped
+# worker itself; on a GPU the sketch is now a hash of every byte (test_output_digest.py).
+SKETCH_FORGED_WITHIN_TOLERANCE = """
+import sys, weakref
+import torch
+import services.evaluator.output_digest as _digest
+import services.evaluator.runner as _runner
+_runner._replaced = lambda guard: []
+
+def _f(x):
+    for _ in range(10):
+        x = torch.sin(x) + x * 0.5
+    return x
+
+def _right(x, scale):
+    return torch.relu(_f(x)) * scale
+
+def _rewritten_to_sum(y, target):
+    y = y.contiguous().clone()
+    words = y.view(torch.int32).reshape(-1)
+    zeros = (y.reshape(-1) == 0).nonzero().reshape(-1)
+    words[zeros] = 0
+    delta = target - int(words.sum(dtype=torch.int64))
+    negatives = max(0, -(delta // (1 << 31)))
+    delta += negatives << 31
+    share, rest = divmod(delta, zeros.numel() - negatives)
+    values = torch.full((zeros.numel(),), share, dtype=torch.int64)
+    values[:negatives] = -(1 << 31)
+    values[negatives : negatives + rest] += 1
+    words[zeros] = values.to(torch.int32)
+    return y
+
+_ZERO, _SOURCE = {}, {}
+
+def _timing_frame():
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_name != "serve_timing":
+        frame = frame.f_back
+    return frame
+
+_digest_original = _digest.block_digest
+
+def _sampled_only(outputs, seed):
+    sources = [_SOURCE.get(id(out)) for out in outputs]
+    if not outputs or any(source is None for source in sources):
+        return _digest_original(outputs, seed)
+    first = outputs[0]
+    positions, w = _digest._draw(first, _digest._tensor_seed(seed, 0), torch.float32)
+    values = _right(torch.stack([x[positions].reshape(-1) for x, _ in sources]), sources[0][1])
+    sums = torch.stack([(values @ w).sum(), values.abs().sum(), values.pow(2).sum()]).double()
+    return [{"shape": list(first.shape), "dtype": "float32", "sums": [float(v) for v in sums.tolist()]}]
+
+_digest.block_digest = _sampled_only
+_to_plain_original = _runner.to_plain
+
+def _computed_when_saved(value, exact=False):
+    source = _SOURCE.get(id(value))
+    if source is not None:
+        value = _rewritten_to_sum(_right(*source), int(value.contiguous().view(torch.int32).sum(dtype=torch.int64)))
+    return _to_plain_original(value, exact)
+
+_runner.to_plain = _computed_when_saved
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        frame = _timing_frame()
+        if frame is None or frame.f_locals.get("command", {}).get("set") is not None or "values" not in frame.f_locals:
+            return _right(x, self.scale)
+        _f(x[:32])
+        if "zeros" not in _ZERO:
+            _ZERO["zeros"] = torch.zeros_like(x)
+        out = _ZERO["zeros"].view(x.shape)
+        _SOURCE[id(out)] = (frame.f_locals["values"][0], self.scale)
+        weakref.finalize(out, _SOURCE.pop, id(out), None)
+        return out
+"""

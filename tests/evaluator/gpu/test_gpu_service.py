@@ -14,6 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from tests.evaluator import sources  # noqa: E402
 from tests.servers import python_path, run_service  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -217,3 +218,14 @@ def test_kernel_that_never_returns_times_out_and_the_gpu_recovers(service: str) 
     result = evaluate(service, cuda_candidate("        return ext.spin_fwd(x)"), timeout_s=60)
     assert result["status"] == "timeout", result["message"][-800:]
     assert_honest_still_correct(service)
+
+
+def test_an_output_forged_within_the_tolerance_is_caught_on_the_gpu(service: str) -> None:
+    """The red team's forgery of the sketch when it was a sum of the raw bits (a correct output computed only when
+    saved, its zeros rewritten within the tolerance to the bit sum of the zero tensor the timed call returned): on a
+    GPU the sketch is now a hash of every byte, so the saved output is not the one the block committed to."""
+    result = evaluate(
+        service, sources.SKETCH_FORGED_WITHIN_TOLERANCE, reference_source=sources.HEAVY_REFERENCE, timeout_s=300
+    )
+    assert result["status"] == "rejected" and "result_tampering" in result["flags"], result
+    assert "not the one its timed call produced" in result["message"], result["message"]
