@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import pwd
 import secrets
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +19,8 @@ from tests.servers import python_path, run_service
 
 FAKE_API_KEY = "sk-test-" + secrets.token_hex(8)
 WORKERS = 2
+# Who runs the `process`-isolation server when the tests run as root (the service refuses that level as root).
+PROCESS_USER = "nobody"
 
 
 def server_env(cache_dir: Path, **extra: str) -> dict[str, str]:
@@ -57,6 +63,42 @@ def evaluator_url(build_cache_dir: Path, tmp_path_factory: pytest.TempPathFactor
 def client(evaluator_url: str) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=evaluator_url, timeout=600) as http:
         yield http
+
+
+@pytest.fixture(scope="session")
+def process_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    """A second server, in `process` isolation: one unprivileged uid for the service and its jobs (as root, the
+    tests start it as PROCESS_USER), with a cache and work directory of its own."""
+    home = Path(tempfile.mkdtemp(prefix="ka-process-isolation-"))
+    try:
+        home.chmod(0o755)
+        if os.geteuid() == 0:
+            user = pwd.getpwnam(PROCESS_USER)
+            os.chown(home, user.pw_uid, user.pw_gid)
+        env = server_env(
+            home / "cache", HOME=str(home), EVALUATOR_ISOLATION="process", EVALUATOR_WORK_DIR=str(home)
+        )
+        log = tmp_path_factory.mktemp("evaluator-process-log") / "server.log"
+        with (
+            run_service("evaluator", env=env, log_path=log, user=PROCESS_USER) as url,
+            httpx.Client(base_url=url, timeout=600) as http,
+        ):
+            assert http.get("/health").json()["details"]["isolation"] == "process"
+            yield http
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(params=["strict", "process"])
+def any_client(request: pytest.FixtureRequest) -> httpx.Client:
+    """The session's servers in each isolation level: the default server where it runs strict, and the
+    `process` one."""
+    if request.param == "process":
+        return request.getfixturevalue("process_client")
+    client = request.getfixturevalue("client")
+    if client.get("/health").json()["details"]["isolation"] != "strict":
+        pytest.skip("needs strict isolation (root, namespaces)")
+    return client
 
 
 @pytest.fixture(scope="session")
