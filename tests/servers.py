@@ -77,7 +77,7 @@ def as_user(user: str, command: Sequence[str], needed: Sequence[str]) -> Iterato
         for index, path in enumerate(kept):
             lines.append(f"mkdir -p {shlex.quote(path)} && mount --bind {stage}/{index} {shlex.quote(path)}")
         ids = [f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--clear-groups"]
-        lines.append(f"exec setpriv {' '.join(ids)} -- \"$@\"")
+        lines.append(f'exec setpriv {" ".join(ids)} -- "$@"')
         yield ["unshare", "--mount", "bash", "-c", "\n".join(lines), "as_user", *command]
 
 

@@ -710,8 +710,9 @@ class Judge:
 
     async def _read_held(self, worker: Worker, regions: Any, calls: int, call: int) -> str | None:
         """The hash of one call's output read from the stopped worker's memory where its reply put it; None where
-        the service cannot read that memory (process isolation and a job that made itself undumpable, a kernel
-        without /proc/<pid>/task/<pid>/children): the sketch alone holds the output there."""
+        the service cannot read that memory for reasons of its own (a kernel without /proc/<pid>/task/<pid>/children
+        or whose Yama forbids the read): nothing binds the output there. A job that made itself undumpable, or put
+        its output where nothing can be read, is result_tampering."""
         if not held_memory.valid_regions(regions, calls):
             self.run_state.flags["result_tampering"] = "a timing reply without the place of each call's output"
             raise CandidateFailure

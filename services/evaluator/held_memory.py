@@ -24,8 +24,9 @@ ADDRESS_END = 1 << 63
 
 
 class UnreadableMemory(OSError):
-    """The worker's memory could not be read where its reply said the output was: the candidate's doing. Any other
-    OSError here (no /proc entry, no permission) is the service's: it then has no hash of its own."""
+    """The worker's memory could not be read where its reply said the output was, or at all because the job made
+    itself undumpable: the candidate's doing. Any other OSError here (no /proc entry, a kernel that forbids the
+    read) is the service's: it then has no hash of its own."""
 
 
 def valid_regions(regions: Any, calls: int) -> bool:
@@ -64,7 +65,13 @@ def read_hash(pid: int, regions: list[list[int]], max_bytes: int) -> str:
     if sum(size for _, size in regions) > max_bytes:
         raise UnreadableMemory(f"the output is said to be larger than {max_bytes} bytes")
     digest = hashlib.blake2b()
-    with open(f"/proc/{pid}/mem", "rb", buffering=0) as memory:
+    try:
+        memory = open(f"/proc/{pid}/mem", "rb", buffering=0)  # noqa: SIM115 - closed by the with below
+    except PermissionError:
+        if undumpable(pid):
+            raise UnreadableMemory("the job made itself undumpable, so the judge cannot read its output") from None
+        raise
+    with memory:
         for address, size in regions:
             digest.update(size.to_bytes(8, "little"))
             done = 0
@@ -78,6 +85,16 @@ def read_hash(pid: int, regions: list[list[int]], max_bytes: int) -> str:
                 digest.update(chunk)
                 done += len(chunk)
     return digest.hexdigest()
+
+
+def undumpable(pid: int) -> bool:
+    """Whether a process made itself undumpable (PR_SET_DUMPABLE 0): the kernel then gives its private /proc files
+    (`mem` among them) to root instead of its effective uid, and only root may read its memory. A worker under the
+    service's uid (process isolation) never is unless its job asked; in strict isolation the service is root and
+    reads it anyway."""
+    with open(f"/proc/{pid}/status", "rb") as handle:
+        euid = next(int(line.split()[2]) for line in handle if line.startswith(b"Uid:"))
+    return os.stat(f"/proc/{pid}/mem").st_uid != euid
 
 
 def dense(tensor: torch.Tensor) -> bool:

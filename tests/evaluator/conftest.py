@@ -75,9 +75,7 @@ def process_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.C
         if os.geteuid() == 0:
             user = pwd.getpwnam(PROCESS_USER)
             os.chown(home, user.pw_uid, user.pw_gid)
-        env = server_env(
-            home / "cache", HOME=str(home), EVALUATOR_ISOLATION="process", EVALUATOR_WORK_DIR=str(home)
-        )
+        env = server_env(home / "cache", HOME=str(home), EVALUATOR_ISOLATION="process", EVALUATOR_WORK_DIR=str(home))
         log = tmp_path_factory.mktemp("evaluator-process-log") / "server.log"
         with (
             run_service("evaluator", env=env, log_path=log, user=PROCESS_USER) as url,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -63,3 +65,27 @@ def test_malformed_regions_are_not_valid(regions: object) -> None:
 
 def test_the_worker_outside_strict_isolation_is_the_process_the_service_started() -> None:
     assert held_memory.worker_pid(os.getpid(), strict=False) == os.getpid()
+
+
+# A child that ends up under another uid than root's (as root: nobody's; a uid change leaves a process undumpable
+# unless it asks to be dumpable again) and dumpable or not as asked, then waits.
+_CHILD = """
+import ctypes, os, sys, time
+if os.geteuid() == 0:
+    os.setresgid(65534, 65534, 65534)
+    os.setresuid(65534, 65534, 65534)
+ctypes.CDLL(None).prctl(4, int(sys.argv[1]), 0, 0, 0)  # PR_SET_DUMPABLE
+print("ready", flush=True)
+time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize("dumpable", [True, False])
+def test_a_job_that_made_itself_undumpable_is_seen(dumpable: bool) -> None:
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(int(dumpable))], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+        assert held_memory.undumpable(child.pid) is not dumpable
+    finally:
+        child.kill()
+        child.wait()

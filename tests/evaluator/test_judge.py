@@ -535,3 +535,19 @@ def test_timing_is_reported_per_block_of_calls(client: httpx.Client) -> None:
     assert 0.2 < result["speedup"] < 5
     assert {"timing", "compare", "build"} <= set(result["phases_s"])
     assert result["build_path"] is None  # a PyTorch candidate builds nothing
+
+
+def test_an_undumpable_job_cannot_hide_its_output_from_the_judge(process_client: httpx.Client) -> None:
+    """In process isolation the job runs under the service's uid and could make itself undumpable, so the judge
+    could not read the checked output from its memory; the forgery the read catches would then pass."""
+    undumpable = "import ctypes\nctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE\n"
+    result = evaluate(
+        process_client,
+        undumpable + sources.SKETCH_FORGED_WITHIN_TOLERANCE,
+        sources.HEAVY_REFERENCE,
+        timing_trials=20,
+        timeout_s=240,
+    )
+    assert result["status"] == "rejected" and "result_tampering" in result["flags"], result
+    assert "made itself undumpable" in result["message"], result["message"]
+    assert_still_correct(process_client)
