@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import JSONResponse
 
-from services.evaluator import routes
+from services.evaluator import held_memory, routes
 from services.evaluator.backends import resolve_device
 from services.evaluator.config import Settings, service_version
 from services.evaluator.deps import require_token
@@ -89,7 +89,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.isolation == "strict" and not strict_works:
             raise RuntimeError(
                 "EVALUATOR_ISOLATION=strict does not work here (the log above says why): it needs root with the "
-                "capabilities SYS_ADMIN, SETUID, SETGID, CHOWN, DAC_OVERRIDE, FOWNER, KILL and SYS_NICE and "
+                "capabilities SYS_ADMIN, SETUID, SETGID, CHOWN, DAC_OVERRIDE, FOWNER, KILL, SYS_NICE and SYS_PTRACE and "
                 "permission to mount (docs/docker.md); grant them or set EVALUATOR_ISOLATION=process"
             )
         strict = settings.isolation != "process" and strict_works
@@ -100,6 +100,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "process isolation would run candidates as root: run the service as an unprivileged user for "
                 "`process`, or give it what `strict` needs (docs/evaluator.md, Isolation)"
             )
+        if not strict:
+            unreadable = await asyncio.to_thread(held_memory.memory_unreadable_reason, None)
+            if unreadable:
+                log.warning(
+                    "this service cannot read its workers' memory (%s): every evaluation on the CPU will end "
+                    "evaluator_error, since no checked output could be held to what its timed call produced "
+                    "(docs/evaluator.md)",
+                    unreadable,
+                )
         pool = WorkerPool(settings, strict=strict)
         app.state.evaluator = Evaluator(settings, pool, metrics)
         app.state.jobs = JobStore(settings.max_jobs_stored)

@@ -709,10 +709,10 @@ class Judge:
             return block
 
     async def _read_held(self, worker: Worker, regions: Any, calls: int, call: int) -> str | None:
-        """The hash of one call's output read from the stopped worker's memory where its reply put it; None where
-        the service cannot read that memory for reasons of its own (a kernel without /proc/<pid>/task/<pid>/children
-        or whose Yama forbids the read): nothing binds the output there. A job that made itself undumpable, or put
-        its output where nothing can be read, is result_tampering."""
+        """The hash of one call's output read from the stopped worker's memory where its reply put it (None where
+        the job's processes are gone). A job that made itself undumpable, or put its output where nothing can be
+        read, is result_tampering; a service that may not read the memory is evaluator_error (an unbound check
+        would let a forged output through)."""
         if not held_memory.valid_regions(regions, calls):
             self.run_state.flags["result_tampering"] = "a timing reply without the place of each call's output"
             raise CandidateFailure
@@ -723,8 +723,15 @@ class Judge:
         except held_memory.UnreadableMemory as error:
             self.run_state.flags["result_tampering"] = f"the output of timed call {call} could not be read: {error}"
             raise CandidateFailure from error
+        except PermissionError as error:
+            # Not the job's doing (held_memory.UnreadableMemory covers what it can do): a check the judge cannot
+            # hold to the timed call would let a forged output through, so none is made.
+            raise EvaluatorFailure(
+                f"the judge cannot read the worker's memory ({error}): the service needs CAP_SYS_PTRACE in strict "
+                "isolation, or a kernel whose Yama lets it read its children's memory in process isolation"
+            ) from error
         except OSError:
-            return None
+            return None  # the job's processes are gone: its next command fails
 
     async def _command(
         self, worker: Worker, command: dict[str, Any], reply: str, clocked: bool = False, hold: bool = False

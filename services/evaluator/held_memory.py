@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 from typing import Any
 
 import torch
@@ -50,14 +52,47 @@ def valid_regions(regions: Any, calls: int) -> bool:
 
 def worker_pid(root_pid: int, strict: bool) -> int:
     """The pid, as the service sees it, of the process running the worker's code: in strict isolation the child
-    of the relay the service started (pid 1 of the job's namespace), else the process the service started."""
+    of the relay the service started (pid 1 of the job's namespace), else the process the service started. Found
+    in the process table (/proc/<pid>/task/<pid>/children is not in every kernel)."""
     if not strict:
         return root_pid
-    with open(f"/proc/{root_pid}/task/{root_pid}/children") as handle:
-        children = handle.read().split()
+    from services.evaluator.sandbox import process_table
+
+    children = [pid for pid, (parent, _) in process_table().items() if parent == root_pid]
     if len(children) != 1:
-        raise OSError(f"the job's relay has {len(children)} children")
-    return int(children[0])
+        raise ProcessLookupError(f"the job's relay has {len(children)} children")
+    return children[0]
+
+
+def memory_unreadable_reason(uid: int | None) -> str:
+    """Why this process cannot read the memory of a job's worker (and so bind a checked CPU output to what its
+    timed call left there), or "": tried on a child under `uid` (strict isolation's sandbox uid, which needs
+    CAP_SYS_PTRACE) or under this process's own (process isolation, where Yama may forbid it)."""
+    code = (
+        "import ctypes, os, sys, time\n"
+        "uid = int(sys.argv[1])\n"
+        "if uid >= 0:\n"
+        "    os.setgroups([]); os.setresgid(uid, uid, uid); os.setresuid(uid, uid, uid)\n"
+        "probe = ctypes.create_string_buffer(b'kernel-agent-probe')\n"
+        "print(ctypes.addressof(probe), flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-I", "-c", code, str(-1 if uid is None else uid)], stdout=subprocess.PIPE, cwd="/"
+    )
+    try:
+        assert child.stdout is not None
+        address = int(child.stdout.readline() or b"-1")
+        if address < 0:
+            return "the probe process did not start"
+        with open(f"/proc/{child.pid}/mem", "rb", buffering=0) as memory:
+            seen = os.pread(memory.fileno(), 18, address)
+        return "" if seen == b"kernel-agent-probe" else "the probe's memory read back wrong"
+    except OSError as error:
+        return f"{type(error).__name__}: {error}"
+    finally:
+        child.kill()
+        child.wait()
 
 
 def read_hash(pid: int, regions: list[list[int]], max_bytes: int) -> str:

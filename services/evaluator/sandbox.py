@@ -439,7 +439,7 @@ def worker_python_path(service_python_path: str) -> str:
 
 
 def strict_isolation_works(uid: int) -> bool:
-    """Strict isolation needs root (uid change, namespaces); try it in a throwaway child."""
+    """Strict isolation needs root (uid change, namespaces, reading a job's memory); try it in throwaway children."""
     if os.geteuid() != 0:
         return False
     code = "from services.evaluator.sandbox import probe_main; probe_main()"
@@ -460,7 +460,18 @@ def strict_isolation_works(uid: int) -> bool:
             return False
     if done.returncode != 0:
         log.warning("strict isolation does not work here: %s", done.stderr.decode(errors="replace")[-1000:])
-    return done.returncode == 0
+        return False
+    from services.evaluator.held_memory import memory_unreadable_reason
+
+    unreadable = memory_unreadable_reason(uid)
+    if unreadable:
+        log.warning(
+            "strict isolation does not work here: the service cannot read the memory of a process under a sandbox "
+            "uid (%s), which the judge needs to hold a checked CPU output to what its timed call produced; it "
+            "needs CAP_SYS_PTRACE",
+            unreadable,
+        )
+    return not unreadable
 
 
 def make_private_dir(path: Path, uid: int | None) -> Path:
@@ -492,7 +503,7 @@ def write_readonly_file(path: Path, data: bytes) -> None:
     os.chmod(path, 0o444)
 
 
-def _process_table() -> dict[int, tuple[int, set[int]]]:
+def process_table() -> dict[int, tuple[int, set[int]]]:
     """Every process of the host: pid -> (parent pid, its real and effective uids), from one read of each
     /proc/<pid>/status. The judge scans several times per timed block; psutil's tree walk and uid scan read two
     files per process and build an object for each (on a GPU host most of an evaluation's time went there)."""
@@ -519,7 +530,7 @@ def _process_table() -> dict[int, tuple[int, set[int]]]:
 def job_pids(uid: int | None, root_pids: list[int]) -> list[int]:
     """Pids of a worker's job: the roots that are alive, their descendants, and in strict isolation every process
     whose real or effective uid is the job's (one scan of /proc)."""
-    table = _process_table()
+    table = process_table()
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in table.items():
         children.setdefault(ppid, []).append(pid)
