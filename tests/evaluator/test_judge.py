@@ -403,55 +403,55 @@ os.write(int(sys.argv[sys.argv.index("--events-fd") + 1]), b"[" * 200_000 + b"\\
 )
 
 
-def test_an_output_forged_within_the_tolerance_is_caught_on_the_cpu(client: httpx.Client) -> None:
+def test_an_output_forged_within_the_tolerance_is_caught_on_the_cpu(any_client: httpx.Client) -> None:
     """A sum of the output's raw bits as the commitment let this candidate through; the bytes the judge read from
     the worker's memory when the block ended do not (on a GPU: test_gpu_service.py)."""
     result = evaluate(
-        client, sources.SKETCH_FORGED_WITHIN_TOLERANCE, sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240
+        any_client, sources.SKETCH_FORGED_WITHIN_TOLERANCE, sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240
     )
     assert result["status"] == "rejected" and "result_tampering" in result["flags"], result
     assert "not the one its timed call produced" in result["message"], result["message"]
-    assert_still_correct(client)
+    assert_still_correct(any_client)
 
 
-def test_answers_computed_by_helpers_while_the_inputs_are_drawn_are_seen(client: httpx.Client) -> None:
+def test_answers_computed_by_helpers_while_the_inputs_are_drawn_are_seen(any_client: httpx.Client) -> None:
     """The helper's CPU time leaves with it; the wall time of the draw does not."""
-    result = evaluate(client, DRAW_OFFLOAD, sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240)
+    result = evaluate(any_client, DRAW_OFFLOAD, sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240)
     assert result["status"] == "rejected" and "implausible_timing" in result["flags"], result
     assert "drawing the inputs" in result["message"], result["message"]
-    assert_still_correct(client)
+    assert_still_correct(any_client)
 
 
-def test_a_swapped_inputs_directory_never_makes_the_service_write_elsewhere(client: httpx.Client, tmp_path) -> None:  # noqa: ANN001
+def test_a_swapped_inputs_directory_never_makes_the_service_write_elsewhere(any_client: httpx.Client, tmp_path) -> None:  # noqa: ANN001
     victim = tmp_path / "victim.txt"
     victim.write_text("untouched")
     victim.chmod(0o600)
-    result = evaluate(client, INPUTS_SWAP.replace("__TARGET__", str(victim)), timing_trials=10)
+    result = evaluate(any_client, INPUTS_SWAP.replace("__TARGET__", str(victim)), timing_trials=10)
     assert victim.read_text() == "untouched" and victim.stat().st_mode & 0o777 == 0o600
     assert result["status"] in {"rejected", "runtime_error", "incorrect"}, result
-    assert_still_correct(client)
+    assert_still_correct(any_client)
 
 
-def test_a_line_too_deep_to_parse_is_the_candidates_problem(client: httpx.Client) -> None:
-    result = evaluate(client, DEEP_EVENT)
+def test_a_line_too_deep_to_parse_is_the_candidates_problem(any_client: httpx.Client) -> None:
+    result = evaluate(any_client, DEEP_EVENT)
     assert result["status"] != "evaluator_error", result["message"]
-    assert_still_correct(client)
+    assert_still_correct(any_client)
 
 
-def test_reference_is_out_of_the_candidates_reach(client: httpx.Client) -> None:
-    result = evaluate(client, SLOW_THE_REFERENCE)
+def test_reference_is_out_of_the_candidates_reach(any_client: httpx.Client) -> None:
+    result = evaluate(any_client, SLOW_THE_REFERENCE)
     assert result["status"] == "correct", result["message"]
     assert result["speedup"] < 3, result
 
 
-def test_background_threads_cannot_slow_the_reference(client: httpx.Client) -> None:
-    result = evaluate(client, BACKGROUND_SPINNERS)
+def test_background_threads_cannot_slow_the_reference(any_client: httpx.Client) -> None:
+    result = evaluate(any_client, BACKGROUND_SPINNERS)
     # On two cores the spinners also hold the GIL in the candidate's own calls, which can then run past the time
     # limit: a slow candidate, scored as one. What must never happen is a speedup bought with the reference's time.
     assert result["status"] in {"correct", "rejected", "timeout"}, result["message"]
     if result["status"] == "correct":
         assert result["speedup"] < 2, result
-    assert_still_correct(client)
+    assert_still_correct(any_client)
 
 
 @pytest.mark.parametrize(
@@ -471,12 +471,12 @@ def test_background_threads_cannot_slow_the_reference(client: httpx.Client) -> N
     ],
 )
 def test_gamed_timing_or_outputs_never_score(
-    client: httpx.Client, name: str, candidate: str, verdicts: set[str]
+    any_client: httpx.Client, name: str, candidate: str, verdicts: set[str]
 ) -> None:
-    result = evaluate(client, candidate, timing_trials=20)
+    result = evaluate(any_client, candidate, timing_trials=20)
     assert result["status"] in verdicts, f"{name}: {result['status']} {result['flags']} {result['message'][-600:]}"
     assert result["speedup"] is None
-    assert_still_correct(client)
+    assert_still_correct(any_client)
 
 
 @pytest.mark.parametrize(
@@ -488,13 +488,13 @@ def test_gamed_timing_or_outputs_never_score(
     ],
     ids=["rebound_clock", "replaced_digest", "shadowed_readline"],
 )
-def test_the_guard_names_what_was_replaced(client: httpx.Client, candidate: str, named: str) -> None:
+def test_the_guard_names_what_was_replaced(any_client: httpx.Client, candidate: str, named: str) -> None:
     """Rebinding the guard's method does not silence it, and it sees a module function replaced, a bound name
     rebound and a method shadowed on the worker's own objects."""
-    result = evaluate(client, candidate, timing_trials=10)
+    result = evaluate(any_client, candidate, timing_trials=10)
     assert result["status"] == "rejected" and "monkeypatch" in result["flags"], result
     assert named in result["message"], result["message"]
-    assert_still_correct(client)
+    assert_still_correct(any_client)
 
 
 @pytest.mark.parametrize(
@@ -502,17 +502,17 @@ def test_the_guard_names_what_was_replaced(client: httpx.Client, candidate: str,
     [PATCHED_BOUND_CLOCK, sources.FORGED_RESULT, WORKING_TAKEOVER],
     ids=["bound_clock", "forged", "working_takeover"],
 )
-def test_false_reports_buy_no_speedup(client: httpx.Client, candidate: str) -> None:
+def test_false_reports_buy_no_speedup(any_client: httpx.Client, candidate: str) -> None:
     """A rebound clock (every call reported 1000x faster), replies forged before they were asked for, or a timing
     loop of the candidate's own that does the work and reports none of it: the verdict is rejected, or correct
     with no more speed than the judge's own clock measured."""
-    result = evaluate(client, candidate, timing_trials=20)
+    result = evaluate(any_client, candidate, timing_trials=20)
     assert result["status"] in {"correct", "rejected"}, result["message"]
     if result["status"] == "correct":
         assert result["speedup"] < 3, result
     else:
         assert "implausible_timing" in result["flags"] or "result_tampering" in result["flags"], result
-    assert_still_correct(client)
+    assert_still_correct(any_client)
 
 
 def test_timed_calls_never_see_the_same_inputs_twice(client: httpx.Client) -> None:
