@@ -54,6 +54,8 @@ _SOURCE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 # the binding object the builder will compile, which the service alone may publish into the binding cache.
 SPLIT_ARGUMENT = "split_build"
 _expected_bindings: dict[str, str] = {}
+# The sha256 of each library this service published, by key (cached_library's `verify`).
+_published: dict[str, str] = {}
 # How a library was built: `split` (split_build.py), `whole` (load_inline's own build), or `fallback` (a split was
 # asked for and the whole build decided). The service writes it beside each library it publishes.
 BUILD_RECORD = "build.json"
@@ -135,9 +137,18 @@ def library_name(key: str) -> str:
     return f"ext_{key[:24]}"
 
 
-def cached_library(cache_dir: Path, key: str) -> Path | None:
+def cached_library(cache_dir: Path, key: str, verify: bool = False) -> Path | None:
+    """The library published under `key`, if any; with `verify` (process isolation, where a job runs under the
+    service's uid and can rewrite the cache) only one this service published and whose bytes are still those."""
     path = cache_dir / key / f"{library_name(key)}.so"
-    return path if path.is_file() else None
+    if not path.is_file() or (verify and _published.get(key) != _file_digest(path)):
+        return None
+    return path
+
+
+def _file_digest(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _merge_flags(arguments: dict[str, Any], device: str) -> None:
@@ -187,18 +198,27 @@ def parse_request(event: dict[str, Any], device: str, allow_split: bool = True) 
 
 
 def publish(
-    cache_dir: Path, builder_root: Path, builder_uid: int | None, key: str, files: list[str], build_path: str
+    cache_dir: Path,
+    builder_root: Path,
+    builder_uid: int | None,
+    key: str,
+    files: list[str],
+    build_path: str,
+    verify: bool = False,
 ) -> Path:
     """Copy the builder's output (its process tree is dead) into the cache under `key`, atomically, with the record
-    of its build path (BUILD_RECORD, written by the service: no builder file of that name is published)."""
+    of its build path (BUILD_RECORD, written by the service: no builder file of that name is published). What is
+    already there stays, unless `verify` (cached_library) finds it is not what this service published: then it is
+    replaced."""
     name = f"{library_name(key)}.so"
     target = cache_dir / key
-    if target.exists():
+    if cached_library(cache_dir, key, verify) is not None:
         return target / name
     wanted = {f for f in files if isinstance(f, str) and _SOURCE_NAME.match(f) and f.endswith(PUBLISHED_SUFFIXES)}
     if name not in wanted:
         raise BuildRequestError("the build produced no library")
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=cache_dir))
+    stale = None
     try:
         for filename in sorted(wanted):
             data = _read_output(builder_root, filename, builder_uid)
@@ -208,13 +228,20 @@ def publish(
         os.chmod(staging / BUILD_RECORD, 0o644)
         os.chmod(staging, 0o755)
         _publish_binding(cache_dir, builder_root, builder_uid, key, files)
+        digest = _file_digest(staging / name)
+        if target.exists():  # not this service's (cached_library above): set aside, then removed
+            stale = Path(tempfile.mkdtemp(prefix=".stale-", dir=cache_dir))
+            os.rename(target, stale / key)
         try:
             os.rename(staging, target)
         except OSError:
             if not target.exists():
                 raise
+        _published[key] = digest
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        if stale is not None:
+            shutil.rmtree(stale, ignore_errors=True)
     return target / name
 
 

@@ -460,7 +460,7 @@ class Judge:
         key = build_cache.cache_key(kind, arguments, arch)
         split_asked = build_cache.SPLIT_ARGUMENT in arguments
         cache_dir = self.settings.cache_dir
-        path = build_cache.cached_library(cache_dir, key)
+        path = build_cache.cached_library(cache_dir, key, verify=not self.pool.strict)
         if path is not None:
             self.run_state.cache_hits += 1
             self.run_state.build_paths.append(build_cache.recorded_build_path(cache_dir, key, split_asked))
@@ -486,7 +486,7 @@ class Judge:
         waited = time.monotonic()
         async with self.pool.build_slot():
             self._extend("build_queue", time.monotonic() - waited)
-            path = build_cache.cached_library(self.settings.cache_dir, key)
+            path = build_cache.cached_library(self.settings.cache_dir, key, verify=not self.pool.strict)
             if path is not None:
                 return path, {}
             async with self.pool.worker(self.device, self.gpu) as builder:
@@ -514,6 +514,7 @@ class Judge:
                         key,
                         files if isinstance(files, list) else [],
                         build_path,
+                        not self.pool.strict,
                     )
                 except build_cache.BuildRequestError as error:
                     raise build_cache.BuildFailedError(str(error), build_path) from error

@@ -384,3 +384,22 @@ class ModelNew(torch.nn.Module):
         weakref.finalize(out, _SOURCE.pop, id(out), None)
         return out
 """
+
+# Rewrites every library of the build cache at import (in process isolation its job runs under the service's uid,
+# which owns the cache) and says which it reached. A red-team candidate did this, and the next evaluation of a correct
+# C++ candidate loaded what it wrote: compile_error with cache_hit.
+CACHE_POISONER = candidate(
+    """
+raise RuntimeError(f"POISONED {_POISONED}")
+""",
+    prelude="""import glob, os, sys
+_POISONED = []
+for _path in glob.glob(os.path.join(sys.argv[sys.argv.index("--cache-dir") + 1], "*", "ext_*.so")):
+    try:
+        with open(_path, "r+b") as _handle:
+            _handle.truncate(0)
+            _handle.write(b"\\x7fELF written by another evaluation")
+        _POISONED.append(os.path.basename(_path))
+    except OSError as _error:
+        _POISONED.append(type(_error).__name__)""",
+)

@@ -50,3 +50,16 @@ def test_cache_survives_restart(client: httpx.Client, build_cache_dir: Path, tmp
     ):
         result = evaluate(other, sources.CPP_CORRECT)
     assert result["status"] == "correct" and result["cache_hit"] is True, result["message"]
+
+
+def test_a_library_a_job_rewrote_is_built_again(process_client: httpx.Client) -> None:
+    """In process isolation a job can rewrite the build cache (the service's uid owns it); the service serves a
+    library only while its bytes are those it published, so a later evaluation never loads what a job wrote."""
+    first = evaluate(process_client, sources.CPP_CORRECT, timeout_s=600)
+    assert first["status"] == "correct", first["message"]
+    poisoner = evaluate(process_client, sources.CACHE_POISONER)
+    assert poisoner["status"] == "runtime_error" and "POISONED ['ext_" in poisoner["message"], poisoner["message"]
+    again = evaluate(process_client, sources.CPP_CORRECT, timeout_s=600)
+    assert again["status"] == "correct" and again["cache_hit"] is False, again["message"]
+    cached = evaluate(process_client, sources.CPP_CORRECT)
+    assert cached["status"] == "correct" and cached["cache_hit"] is True, cached["message"]
