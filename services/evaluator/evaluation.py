@@ -837,6 +837,15 @@ class Judge:
             self.run_state.flags["result_tampering"] = "a save reply the judge did not ask for"
             raise CandidateFailure
         self.run_state.replaced |= _names(reply.get("replaced"))
+        if committed is None and held_hash is None:
+            # On a CPU the judge read nothing of this call's output from memory (_read_held: its process seemed
+            # gone), yet the job answers: a save nothing holds to the timed call is not compared (a worker whose
+            # main thread had exited, its others serving the judge, scored correct at 11-15x with a forgery).
+            self.run_state.flags["result_tampering"] = (
+                f"the output of timed call {call} could not be read from the worker's memory after the block, yet "
+                "the job answered the check"
+            )
+            raise CandidateFailure
         comparison = await asyncio.to_thread(
             compare_outputs,
             candidate.root / "home" / "checks" / str(self.checks),
@@ -848,9 +857,7 @@ class Judge:
             deadline=self.deadline,
             owner_uid=candidate.uid,
             trusted_root=candidate.root,
-            committed=None
-            if committed is None and held_hash is None
-            else functools.partial(_is_committed, committed, held_hash),
+            committed=functools.partial(_is_committed, committed, held_hash),
         )
         if comparison.uncommitted:
             self.run_state.flags["result_tampering"] = (

@@ -403,3 +403,27 @@ for _path in glob.glob(os.path.join(sys.argv[sys.argv.index("--cache-dir") + 1],
     except OSError as _error:
         _POISONED.append(type(_error).__name__)""",
 )
+
+# A red-team addition to that forgery: the worker's command loop moves to a thread of its own and the main thread
+# exits (pthread_exit), so that the process lives on but opening its /proc/<pid>/mem fails with ESRCH, which the
+# judge once took for a job that was gone: it then held the checked output to nothing (correct at 10.9x and 15.2x in
+# strict isolation).
+LEADER_EXITED_FORGERY = (
+    """
+import ctypes, os, threading
+import services.evaluator.runner as _serving
+_serve_timing = _serving.serve_timing
+
+def _serve_in_a_thread(context, model, inputs, guard):
+    def serve():
+        try:
+            _serve_timing(context, model, inputs, guard)
+        finally:
+            os._exit(0)
+    threading.Thread(target=serve).start()
+    ctypes.CDLL(None).pthread_exit(None)
+
+_serving.serve_timing = _serve_in_a_thread
+"""
+    + SKETCH_FORGED_WITHIN_TOLERANCE
+)

@@ -537,6 +537,16 @@ def test_timing_is_reported_per_block_of_calls(client: httpx.Client) -> None:
     assert result["build_path"] is None  # a PyTorch candidate builds nothing
 
 
+def test_a_worker_whose_main_thread_exited_cannot_hide_its_output(any_client: httpx.Client) -> None:
+    """Its /proc/<pid>/mem cannot be opened (ESRCH as root; as the same uid the kernel gives it to root), yet its
+    other thread answers the judge: the check is not made unbound."""
+    result = evaluate(
+        any_client, sources.LEADER_EXITED_FORGERY, sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240
+    )
+    assert result["status"] == "rejected" and "result_tampering" in result["flags"], result
+    assert_still_correct(any_client)
+
+
 def test_an_undumpable_job_cannot_hide_its_output_from_the_judge(process_client: httpx.Client) -> None:
     """In process isolation the job runs under the service's uid and could make itself undumpable, so the judge
     could not read the checked output from its memory; the forgery the read catches would then pass."""
