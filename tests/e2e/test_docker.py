@@ -252,7 +252,9 @@ def test_compose_up_trains_one_update(stack: Stack) -> None:
             "trainer",
             # Every kernel evaluated, the reference's too: with reference_is_baseline an update whose suggestions all
             # leave the kernel as it was sends nothing to the evaluator, whose part this test checks.
-            env=stack.env(TRAINER_OUTPUT_DIR="/outputs/default", TRAINER_ARGS="--reference_is_baseline false"),
+            env=stack.env(
+                TRAINER_OUTPUT_DIR="/outputs/default", TRAINER_ARGS=f"{TINY_ARGS} --reference_is_baseline false"
+            ),
             timeout=2400,
             check=False,
         )
@@ -324,6 +326,7 @@ def test_evaluator_container_is_a_sandbox(stack: Stack) -> None:
     # Root inside the container for strict isolation, with only the capabilities it needs (docs/docker.md).
     assert {cap.removeprefix("CAP_") for cap in host["CapAdd"] or ()} == EVALUATOR_CAPS, host["CapAdd"]
     assert any("no-new-privileges" in opt for opt in host["SecurityOpt"])
+    assert host["Init"] is True  # reaps what a job leaves orphaned (test_finished_jobs_leave_no_zombies)
     assert host["PidsLimit"] and host["PidsLimit"] > 0 and host["Memory"] > 0
     assert info["Config"]["User"] == "0:0"
     assert "EVALUATOR_ISOLATION=strict" in info["Config"]["Env"]
@@ -387,6 +390,19 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
     if sys.argv[1] in cmdline and int(pid) != os.getpid():
         found.append(f"{pid}: {cmdline}")
 print("RESULT" + json.dumps(found))
+"""
+# Processes in the evaluator container that exited and were never reaped (state Z), with their parent.
+ZOMBIES_IN_CONTAINER = r"""
+import json, os
+zombies = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        state, parent = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[:2]
+    except (OSError, ValueError):
+        continue
+    if state == "Z":
+        zombies.append(f"{pid} (parent {parent})")
+print("RESULT" + json.dumps(zombies))
 """
 # Files named argv[2] under argv[1], in the evaluator container.
 FIND_FILES_IN_CONTAINER = r"""
@@ -554,6 +570,19 @@ def test_candidate_daemon_does_not_outlive_its_evaluation(stack: Stack, evaluato
         time.sleep(2)
 
 
+def test_finished_jobs_leave_no_zombies(stack: Stack, evaluator: str) -> None:
+    """A job's processes outlive the relay the service started for it by a moment, and are then reparented to the
+    container's pid 1: the service itself until compose gave the container an init (`init: true`), and it never
+    reaped them, so each evaluation left zombies against the container's pids limit."""
+    marker = f"ka-e2e-zombie-{secrets.token_hex(4)}"
+    results = evaluate_in_evaluator(stack, correct=CORRECT, daemon=start_daemon(marker))
+    assert all(result["status"] == "correct" for result in results.values()), results
+    deadline = time.monotonic() + 20
+    while zombies := run_in_evaluator(stack, ZOMBIES_IN_CONTAINER, timeout=120):
+        assert time.monotonic() < deadline, f"unreaped processes in the evaluator container: {zombies}"
+        time.sleep(2)
+
+
 def test_candidate_cannot_kill_the_service(stack: Stack, evaluator: str) -> None:
     """SIGKILL, SIGTERM and SIGINT to its parent and to pid 1; the service stays up (last: today's `process`
     isolation lets SIGTERM through, and the evaluator is down after it)."""
@@ -688,6 +717,8 @@ def test_implementer_on_another_openai_compatible_server(stack: Stack, tmp_path:
             IMPLEMENTER_BACKEND="openai",
             OPENAI_BASE_URL=base_url,
             IMPLEMENTER_MODEL="smollm2-135m-instruct",
+            # An OpenAI-compatible implementer publishes no technique menu (docs/implementer.md).
+            TRAINER_ARGS=f"{TINY_ARGS} --prompt_techniques false",
         )
         with timed("compose up: implementer on a llama.cpp server"):
             result = stack.compose(
