@@ -340,21 +340,9 @@ def test_strict_probe_of_root_without_capabilities_says_no():
     answers False with the reason in the log, and the service refuses EVALUATOR_ISOLATION=strict with a message that
     names the capabilities, instead of a traceback from the probe."""
     uid = sandbox_uid_base() + 4100
-    probe = subprocess.run(
-        [
-            "setpriv",
-            "--bounding-set=-all",
-            "--inh-caps=-all",
-            sys.executable,
-            "-c",
-            f"from services.evaluator.sandbox import strict_isolation_works; print(strict_isolation_works({uid}))",
-        ],
-        cwd=REPO,
-        env={"PATH": os.environ["PATH"], "PYTHONPATH": python_path()},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    probe = python_behind(
+        ["setpriv", "--bounding-set=-all", "--inh-caps=-all"],
+        f"from services.evaluator.sandbox import strict_isolation_works; print(strict_isolation_works({uid}))",
     )
     assert probe.returncode == 0 and probe.stdout.strip() == "False", probe.stdout + probe.stderr
     out = refused_start(["setpriv", "--bounding-set=-all", "--inh-caps=-all"], "strict")
@@ -368,6 +356,19 @@ def test_service_as_root_refuses_process_isolation():
     signal every process), so the service does not start."""
     out = refused_start([], "process")
     assert "process isolation would run candidates as root" in out, out[-2000:]
+
+
+def python_behind(prefix: list[str], code: str) -> subprocess.CompletedProcess[str]:
+    """`python -c code` from the repository, behind `prefix` (setpriv taking capabilities away)."""
+    return subprocess.run(
+        [*prefix, sys.executable, "-c", code],
+        cwd=REPO,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": python_path()},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def refused_start(prefix: list[str], isolation: str) -> str:
@@ -399,19 +400,9 @@ def test_strict_isolation_without_ptrace_is_refused():
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 @pytest.mark.parametrize("capabilities", ["", "-sys_ptrace"])
 def test_the_service_knows_whether_it_can_read_a_jobs_memory(capabilities: str) -> None:
-    probe = subprocess.run(
-        [
-            *(["setpriv", f"--bounding-set={capabilities}", "--inh-caps=-all"] if capabilities else []),
-            sys.executable,
-            "-c",
-            "from services.evaluator.held_memory import memory_unreadable_reason as why; print(repr(why(65534)))",
-        ],
-        cwd=REPO,
-        env={"PATH": os.environ["PATH"], "PYTHONPATH": python_path()},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    probe = python_behind(
+        ["setpriv", f"--bounding-set={capabilities}", "--inh-caps=-all"] if capabilities else [],
+        "from services.evaluator.held_memory import memory_unreadable_reason as why; print(repr(why(65534)))",
     )
     assert probe.returncode == 0, probe.stderr
     reason = probe.stdout.strip()
