@@ -88,12 +88,13 @@ def run_service(
     log_path: Path | None = None,
     timeout_s: float = 120.0,
     user: str | None = None,
+    prefix: Sequence[str] = (),
 ) -> Iterator[str]:
-    """Yield the base URL of `python -m services.<name>` serving on 127.0.0.1; as `user` (see as_user) if given
-    and this process is root."""
+    """Yield the base URL of `python -m services.<name>` serving on 127.0.0.1, behind `prefix` (setpriv taking
+    capabilities away); as `user` (see as_user) if given and this process is root."""
     port = free_port()
     full_env = {**os.environ, "PYTHONPATH": python_path(), **(env or {})}
-    command = [sys.executable, "-m", f"services.{name}", "--host", "127.0.0.1", "--port", str(port)]
+    command = [*prefix, sys.executable, "-m", f"services.{name}", "--host", "127.0.0.1", "--port", str(port)]
     with contextlib.ExitStack() as stack:
         if user is not None and os.geteuid() == 0:
             needed = [str(REPO), sys.prefix, sys.base_prefix, *full_env["PYTHONPATH"].split(os.pathsep)]

@@ -89,7 +89,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.isolation == "strict" and not strict_works:
             raise RuntimeError(
                 "EVALUATOR_ISOLATION=strict does not work here (the log above says why): it needs root with the "
-                "capabilities SYS_ADMIN, SETUID, SETGID, CHOWN, DAC_OVERRIDE, FOWNER, KILL, SYS_NICE and SYS_PTRACE and "
+                "capabilities SYS_ADMIN, SETUID, SETGID, CHOWN, DAC_OVERRIDE, FOWNER, KILL and SYS_NICE and "
                 "permission to mount (docs/docker.md); grant them or set EVALUATOR_ISOLATION=process"
             )
         strict = settings.isolation != "process" and strict_works
@@ -100,15 +100,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "process isolation would run candidates as root: run the service as an unprivileged user for "
                 "`process`, or give it what `strict` needs (docs/evaluator.md, Isolation)"
             )
-        if not strict:
-            unreadable = await asyncio.to_thread(held_memory.memory_unreadable_reason, None)
-            if unreadable:
-                log.warning(
-                    "this service cannot read its workers' memory (%s): every evaluation on the CPU will end "
-                    "evaluator_error, since no checked output could be held to what its timed call produced "
-                    "(docs/evaluator.md)",
-                    unreadable,
-                )
+        # The judge holds a checked CPU output to what its timed call left in the worker's memory, which it reads
+        # itself (held_memory): where it cannot, timed CPU evaluations end evaluator_error (GPU ones do not read it).
+        job_uid = settings.sandbox_uid_base if strict else None
+        unreadable = await asyncio.to_thread(held_memory.memory_unreadable_reason, job_uid)
+        if unreadable:
+            log.warning(
+                "this service cannot read its workers' memory (%s): timed evaluations on the CPU will end "
+                "evaluator_error; %s (docs/evaluator.md)",
+                unreadable,
+                "strict isolation needs CAP_SYS_PTRACE for it" if strict else "the kernel's Yama setting forbids it",
+            )
         pool = WorkerPool(settings, strict=strict)
         app.state.evaluator = Evaluator(settings, pool, metrics)
         app.state.jobs = JobStore(settings.max_jobs_stored)

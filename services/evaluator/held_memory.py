@@ -123,13 +123,13 @@ def read_hash(pid: int, regions: list[list[int]], max_bytes: int) -> str:
 
 
 def undumpable(pid: int) -> bool:
-    """Whether a process made itself undumpable (PR_SET_DUMPABLE 0): the kernel then gives its private /proc files
-    (`mem` among them) to root instead of its effective uid, and only root may read its memory. A worker under the
-    service's uid (process isolation) never is unless its job asked; in strict isolation the service is root and
-    reads it anyway."""
+    """Whether a process under this process's own uid made itself undumpable (PR_SET_DUMPABLE 0): the kernel then
+    gives its private /proc files (`mem` among them) to root instead of its effective uid, and only a process with
+    CAP_SYS_PTRACE may read its memory. A worker under the service's uid (process isolation) never is unless its job
+    asked; a strict worker is (its uid changed), but its service reads it with CAP_SYS_PTRACE."""
     with open(f"/proc/{pid}/status", "rb") as handle:
         euid = next(int(line.split()[2]) for line in handle if line.startswith(b"Uid:"))
-    return os.stat(f"/proc/{pid}/mem").st_uid != euid
+    return euid == os.geteuid() and os.stat(f"/proc/{pid}/mem").st_uid != euid
 
 
 def dense(tensor: torch.Tensor) -> bool:

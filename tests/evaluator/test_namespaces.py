@@ -30,9 +30,9 @@ from services.evaluator.sandbox import (
     strict_isolation_works,
 )
 from tests.evaluator import sources
-from tests.evaluator.conftest import evaluate, sandbox_uid_base
+from tests.evaluator.conftest import evaluate, sandbox_uid_base, server_env
 from tests.evaluator.test_sandbox import sandbox_processes
-from tests.servers import REPO, python_path
+from tests.servers import REPO, python_path, run_service
 
 SHM_KEY = 0x4B41
 IPC_CREAT = 0o1000
@@ -388,13 +388,22 @@ def refused_start(prefix: list[str], isolation: str) -> str:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
-def test_strict_isolation_without_ptrace_is_refused():
-    """With every capability strict isolation uses but SYS_PTRACE (the compose file's set until a red-team pass),
-    the judge could not read a job's memory, and the check that holds a CPU output to its timed call was skipped:
-    a forgery of the checked output scored correct at 22x. Such a service does not start."""
-    out = refused_start(["setpriv", "--bounding-set=-sys_ptrace", "--inh-caps=-all"], "strict")
-    assert "cannot read the memory of a process under a sandbox uid" in out, out[-2000:]
-    assert "CAP_SYS_PTRACE" in out and "SYS_PTRACE" in out.split("does not work here")[-1], out[-2000:]
+def test_without_ptrace_a_timed_cpu_evaluation_is_an_evaluator_error(tmp_path: Path) -> None:
+    """Strict isolation with every capability but SYS_PTRACE (the compose file's set until a red-team pass): the
+    judge cannot read a job's memory, and the check that holds a CPU output to its timed call had been skipped (a
+    forgery of the checked output scored correct at 22x). The service says so at start, and makes no unbound check:
+    even an honest candidate ends evaluator_error, naming the capability."""
+    log = tmp_path / "server.log"
+    prefix = ["setpriv", "--bounding-set=-sys_ptrace", "--inh-caps=-all"]
+    with (
+        run_service("evaluator", env=server_env(tmp_path / "cache"), log_path=log, prefix=prefix) as url,
+        httpx.Client(base_url=url, timeout=300) as client,
+    ):
+        assert client.get("/health").json()["details"]["isolation"] == "strict"
+        result = evaluate(client, sources.CORRECT, timing_trials=5)
+    assert result["status"] == "evaluator_error", result
+    assert "cannot read the worker's memory" in result["message"] and "CAP_SYS_PTRACE" in result["message"], result
+    assert "timed evaluations on the CPU will end evaluator_error" in log.read_text()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
