@@ -93,10 +93,8 @@ def any_client(request: pytest.FixtureRequest) -> httpx.Client:
     `process` one."""
     if request.param == "process":
         return request.getfixturevalue("process_client")
-    client = request.getfixturevalue("client")
-    if client.get("/health").json()["details"]["isolation"] != "strict":
-        pytest.skip("needs strict isolation (root, namespaces)")
-    return client
+    request.getfixturevalue("strict_only")
+    return request.getfixturevalue("client")
 
 
 @pytest.fixture(scope="session")
