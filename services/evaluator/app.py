@@ -111,7 +111,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 unreadable,
                 "strict isolation needs CAP_SYS_PTRACE for it" if strict else "the kernel's Yama setting forbids it",
             )
-        pool = WorkerPool(settings, strict=strict)
+        pool = WorkerPool(settings, strict=strict, memory_readable=not unreadable)
         app.state.evaluator = Evaluator(settings, pool, metrics)
         app.state.jobs = JobStore(settings.max_jobs_stored)
         metrics.queue_depth.set_function(lambda: pool.waiting)

@@ -720,13 +720,15 @@ class Judge:
         max_bytes = 2 * _nbytes(self.reference.expected[0]) + 4096
         try:
             pid = held_memory.worker_pid(worker.proc.pid, strict=worker.uid is not None)
-            return await asyncio.to_thread(held_memory.read_hash, pid, regions[call], max_bytes)
+            return await asyncio.to_thread(
+                held_memory.read_hash, pid, regions[call], max_bytes, self.pool.memory_readable
+            )
         except held_memory.UnreadableMemory as error:
             self.run_state.flags["result_tampering"] = f"the output of timed call {call} could not be read: {error}"
             raise CandidateFailure from error
         except PermissionError as error:
-            # Not the job's doing (held_memory.UnreadableMemory covers what it can do): a check the judge cannot
-            # hold to the timed call would let a forged output through, so none is made.
+            # The service could not read a worker's memory at start-up either: not the job's doing. A check the
+            # judge cannot hold to the timed call would let a forged output through, so none is made.
             raise EvaluatorFailure(
                 f"the judge cannot read the worker's memory ({error}): the service needs CAP_SYS_PTRACE in strict "
                 "isolation, or a kernel whose Yama lets it read its children's memory in process isolation"

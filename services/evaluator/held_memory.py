@@ -95,8 +95,9 @@ def memory_unreadable_reason(uid: int | None) -> str:
         child.wait()
 
 
-def read_hash(pid: int, regions: list[list[int]], max_bytes: int) -> str:
-    """BLAKE2b of the tensors at `regions` in a stopped process's memory, each preceded by its size."""
+def read_hash(pid: int, regions: list[list[int]], max_bytes: int, readable: bool) -> str:
+    """BLAKE2b of the tensors at `regions` in a stopped process's memory, each preceded by its size. `readable`:
+    this service read a worker's memory at start-up (memory_unreadable_reason), so a refusal now is the job's."""
     if sum(size for _, size in regions) > max_bytes:
         raise UnreadableMemory(f"the output is said to be larger than {max_bytes} bytes")
     digest = hashlib.blake2b()
@@ -105,6 +106,8 @@ def read_hash(pid: int, regions: list[list[int]], max_bytes: int) -> str:
     except PermissionError:
         if undumpable(pid):
             raise UnreadableMemory("the job made itself undumpable, so the judge cannot read its output") from None
+        if readable:  # a helper that toggles dumpability can make `undumpable` miss it (a red-team race)
+            raise UnreadableMemory("the job made its memory unreadable to the judge") from None
         raise
     with memory:
         for address, size in regions:

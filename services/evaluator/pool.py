@@ -252,9 +252,11 @@ async def _watch_memory(worker: Worker, limit_mb: int, period_s: float = 0.5) ->
 class WorkerPool:
     """Spawns workers under the sandbox, keeps `workers` of them idle per device, bounds concurrent evaluations."""
 
-    def __init__(self, settings: Settings, strict: bool) -> None:
+    def __init__(self, settings: Settings, strict: bool, memory_readable: bool = True) -> None:
         self.settings = settings
         self.strict = strict
+        # Whether the service read a worker's memory at start-up (held_memory.memory_unreadable_reason).
+        self.memory_readable = memory_readable
         _remove_stale_work_dirs(Path(settings.work_dir or tempfile.gettempdir()))
         self.work_dir = Path(tempfile.mkdtemp(prefix=f"{WORK_DIR_PREFIX}{os.getpid()}-", dir=settings.work_dir))
         os.chmod(self.work_dir, 0o711)

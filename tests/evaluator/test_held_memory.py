@@ -22,7 +22,7 @@ def test_the_bytes_in_memory_hash_as_the_saved_output_does(dtype: torch.dtype) -
     its own memory here); a tuple of outputs hashes tensor by tensor, and one bit changed changes the hash."""
     outputs = [torch.randn(37, 5).to(dtype), torch.arange(7)]
     regions = [[t.data_ptr(), t.numel() * t.element_size()] for t in outputs]
-    read = held_memory.read_hash(os.getpid(), regions, 1 << 20)
+    read = held_memory.read_hash(os.getpid(), regions, 1 << 20, True)
     assert read == held_memory.saved_hash([t.clone() for t in outputs])
     changed = outputs[0].clone().reshape(-1).view(torch.uint8)
     changed[0] ^= 1
@@ -44,17 +44,17 @@ def test_a_dense_output_is_read_in_place_and_its_saved_copy_hashes_the_same(make
     copy would cost the candidate alone time on the clock); the copy a save makes keeps its strides."""
     tensor = make()
     assert held_memory.dense(tensor)
-    read = held_memory.read_hash(os.getpid(), [[tensor.data_ptr(), tensor.numel() * 4]], 1 << 20)
+    read = held_memory.read_hash(os.getpid(), [[tensor.data_ptr(), tensor.numel() * 4]], 1 << 20, True)
     assert read == held_memory.saved_hash(tensor.to("cpu", copy=True))
     assert not held_memory.dense(torch.randn(4, 6)[:, ::2]) and not held_memory.dense(torch.randn(3).expand(4, 3))
 
 
 def test_an_address_with_no_output_or_a_size_beyond_the_bound_is_the_candidates_doing() -> None:
     with pytest.raises(held_memory.UnreadableMemory):
-        held_memory.read_hash(os.getpid(), [[8, 64]], 1 << 20)  # the first page is never mapped
+        held_memory.read_hash(os.getpid(), [[8, 64]], 1 << 20, True)  # the first page is never mapped
     tensor = torch.ones(1024)
     with pytest.raises(held_memory.UnreadableMemory):
-        held_memory.read_hash(os.getpid(), [[tensor.data_ptr(), 4096]], 4095)
+        held_memory.read_hash(os.getpid(), [[tensor.data_ptr(), 4096]], 4095, True)
 
 
 @pytest.mark.parametrize(
@@ -102,3 +102,26 @@ def test_a_job_that_made_itself_undumpable_is_seen(dumpable: bool, uid: str) -> 
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.parametrize("readable", [True, False])
+def test_a_refused_read_is_the_jobs_doing_where_the_service_could_read_at_start(
+    monkeypatch: pytest.MonkeyPatch, readable: bool
+) -> None:
+    """A red-team job in process isolation had an escaped helper toggle the worker's dumpability, so the judge's open
+    was refused while `undumpable` saw it dumpable a moment later (evaluator_error, no penalty, 1 try in 4). A
+    service that read a worker's memory at start-up takes any later refusal as the job's doing."""
+    refused = PermissionError(13, "Permission denied")
+
+    def refuse(path: str, *args: object, **kwargs: object) -> None:
+        raise refused
+
+    monkeypatch.setattr(held_memory, "open", refuse, raising=False)
+    monkeypatch.setattr(held_memory, "undumpable", lambda pid: False)
+    if readable:
+        with pytest.raises(held_memory.UnreadableMemory, match="unreadable to the judge"):
+            held_memory.read_hash(os.getpid(), [[4096, 8]], 1 << 20, readable)
+    else:
+        with pytest.raises(PermissionError) as raised:
+            held_memory.read_hash(os.getpid(), [[4096, 8]], 1 << 20, readable)
+        assert not isinstance(raised.value, held_memory.UnreadableMemory)
