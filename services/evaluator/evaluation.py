@@ -745,7 +745,7 @@ class Judge:
         On a GPU the clock is the wall time until the reply. On a CPU it is the CPU time every process of the job
         used meanwhile, per torch thread: the machine's load does not move it, so the work around the calls
         (drawing inputs, the digest) costs both sides the same, and a report can claim no less time than the CPU
-        work it did. A process of the job that exits meanwhile takes its CPU time with it (see docs/evaluator.md).
+        work it did. A process of the job that exits meanwhile takes the time it used since with it (_cpu_used_s).
 
         `hold`: the worker's job stays stopped from its reply until the judge sends it the next command, so nothing
         it does between two commands of a block (computing the block's answers from the inputs it has just drawn)
@@ -753,13 +753,13 @@ class Judge:
         nonce = secrets.token_hex(8)
         on_cpu = clocked and self.gpu is None
         held = self.held.pop(worker.proc.pid, None)
-        cpu_before = 0.0
+        cpu_before: dict[int, float] = {}
         if on_cpu:
             # A held job ran nothing since it was stopped (no new process either): its known pids' clocks are exact.
             if held is not None:
-                cpu_before = await asyncio.to_thread(_cpu_clocks_s, held)
+                cpu_before = await asyncio.to_thread(_cpu_clocks, held)
             else:
-                cpu_before = await asyncio.to_thread(_job_cpu_s, worker)
+                cpu_before = await asyncio.to_thread(_job_cpu_clocks, worker)
         if held is not None:
             await asyncio.to_thread(_resume, [worker], held)
         sent_at = time.monotonic()
@@ -771,9 +771,9 @@ class Judge:
             stopped, cpu_after = await asyncio.to_thread(_stop_and_clock, worker)
             self.held[worker.proc.pid] = stopped
         elif on_cpu:
-            cpu_after = await asyncio.to_thread(_job_cpu_s, worker)
+            cpu_after = await asyncio.to_thread(_job_cpu_clocks, worker)
         if on_cpu:
-            clocked_s = (cpu_after - cpu_before) / self.settings.threads_per_worker
+            clocked_s = _cpu_used_s(cpu_before, cpu_after) / self.settings.threads_per_worker
         if event is None and time.monotonic() >= self.deadline:
             raise CandidateFailure  # the evaluation's time ran out (the verdict says so), whoever was running
         if worker is self.timer and (event is None or event["event"] == "error"):
@@ -1085,32 +1085,42 @@ def _hand_over(worker: Worker, reference: ReferenceData, trials: range) -> None:
     inputs_dir.chmod(0o555)
 
 
-def _job_cpu_s(worker: Worker) -> float:
-    """CPU seconds used so far by the processes of a worker's job, every thread counted (those that exited too),
+def _job_cpu_clocks(worker: Worker) -> dict[int, float]:
+    """CPU seconds used so far by each process of a worker's job, every thread counted (those that exited too),
     read from the kernel's per-process CPU clocks."""
-    return _cpu_clocks_s(sandbox.job_pids(worker.uid, [worker.proc.pid]))
+    return _cpu_clocks(sandbox.job_pids(worker.uid, [worker.proc.pid]))
 
 
-def _cpu_clocks_s(pids: list[int]) -> float:
-    """The sum of the processes' CPU clocks (every thread, those that exited too), in seconds."""
-    total = 0.0
+def _cpu_clocks(pids: list[int]) -> dict[int, float]:
+    """Each process's CPU clock (every thread, those that exited too), in seconds."""
+    clocks = {}
     for pid in pids:
         with contextlib.suppress(OSError):
-            total += time.clock_gettime(((~pid) << 3) | 2)  # the process's CPUCLOCK_SCHED clock id
-    return total
+            clocks[pid] = time.clock_gettime(((~pid) << 3) | 2)  # the process's CPUCLOCK_SCHED clock id
+    return clocks
 
 
-def _stop_and_clock(worker: Worker) -> tuple[list[int], float]:
-    """Stop every process of a worker's job (SIGSTOP); the pids stopped and their CPU seconds (as _job_cpu_s),
+def _cpu_used_s(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds the job's processes used between two readings, per process: one that exited meanwhile takes
+    what it used since `before` with it, but never what it had used until then (a sum of totals would subtract
+    that, so a helper that burned CPU earlier and exits in a block would shorten the block's clock). A pid
+    reused meanwhile counts from 0 at worst."""
+    return sum(max(0.0, seconds - before.get(pid, 0.0)) for pid, seconds in after.items())
+
+
+def _stop_and_clock(worker: Worker) -> tuple[list[int], dict[int, float]]:
+    """Stop every process of a worker's job (SIGSTOP); the pids stopped and their CPU clocks (as _job_cpu_clocks),
     read once they are stopped."""
     stopped = _signal_jobs([worker], signal.SIGSTOP)
-    return stopped, _cpu_clocks_s(stopped)
+    return stopped, _cpu_clocks(stopped)
 
 
 def _resume(workers: list[Worker], pids: list[int]) -> None:
     """SIGCONT what _signal_jobs stopped: nothing of those jobs ran since (a stopped process cannot fork), so no
-    scan is needed."""
+    scan is needed; in strict isolation the signaller also reaches a child whose fork was under way at the stop."""
     for worker in workers:
+        if worker.signaller is not None and worker.uid is not None:
+            worker.signaller.signal(worker.uid, signal.SIGCONT)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(worker.proc.pid, signal.SIGCONT)
     for pid in pids:
@@ -1119,15 +1129,15 @@ def _resume(workers: list[Worker], pids: list[int]) -> None:
 
 
 def _signal_jobs(workers: list[Worker], signum: int) -> list[int]:
-    """Send `signum` to every process of the workers' jobs; the pids signalled."""
+    """Send `signum` to every process of the workers' jobs; the pids signalled. A job that resists a stop is
+    killed: its next command fails, and its verdict says why."""
     pids = []
     for worker in workers:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(worker.proc.pid, signum)
-        for pid in sandbox.job_pids(worker.uid, [worker.proc.pid]):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signum)
-                pids.append(pid)
+        try:
+            pids += sandbox.signal_job(worker.uid, worker.proc.pid, signum, worker.signaller)
+        except sandbox.UnstoppableJobError as error:
+            worker.killed_for = f"resisting the judge's stop ({error})"
+            sandbox.kill_all(worker.uid, worker.proc.pid, worker.signaller)
     return pids
 
 

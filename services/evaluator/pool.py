@@ -58,11 +58,12 @@ class WorkerOutcome:
     returncode: int | None
     timed_out: bool
     stdio_tail: str
-    memory_exceeded_mb: int | None = None
+    # Why the service killed the job, where it did (the memory limit, a job that resisted a stop).
+    killed_for: str | None = None
 
     def describe_exit(self) -> str:
-        if self.memory_exceeded_mb is not None:
-            return f"killed for using more than {self.memory_exceeded_mb} MB of resident memory"
+        if self.killed_for is not None:
+            return f"killed for {self.killed_for}"
         if self.returncode is None:
             return "did not exit"
         if self.returncode < 0:
@@ -83,12 +84,14 @@ class Worker:
     root: Path
     home: Path
     uid: int | None
+    # Strict isolation: stops and kills every process of the uid at once (sandbox.UidSignaller).
+    signaller: sandbox.UidSignaller | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     eof: bool = False
     reader: asyncio.Task[None] | None = None
     exit_watch: asyncio.Task[None] | None = None
-    memory_exceeded_mb: int | None = None
+    killed_for: str | None = None
     gpu: str | None = None
     cursor: int = 0
 
@@ -153,13 +156,13 @@ class Worker:
             await asyncio.wait_for(self.proc.wait(), max(0.0, deadline - time.monotonic()))
         except TimeoutError:
             timed_out = True
-        await asyncio.to_thread(sandbox.kill_all, self.uid, self.proc.pid)
+        await asyncio.to_thread(sandbox.kill_all, self.uid, self.proc.pid, self.signaller)
         await self.proc.wait()
         if self.reader is not None:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(self.reader), 2.0)
             self.reader.cancel()
-        return WorkerOutcome(self.proc.returncode, timed_out, self._stdio_tail(), self.memory_exceeded_mb)
+        return WorkerOutcome(self.proc.returncode, timed_out, self._stdio_tail(), self.killed_for)
 
     def _stdio_tail(self) -> str:
         with contextlib.suppress(OSError), open(self.root / "stdio.log", "rb") as handle:
@@ -243,8 +246,8 @@ async def _watch_memory(worker: Worker, limit_mb: int, period_s: float = 0.5) ->
     while worker.proc.returncode is None:
         rss = await asyncio.to_thread(sandbox.resident_bytes, worker.uid, worker.proc.pid)
         if rss > limit_mb << 20:
-            worker.memory_exceeded_mb = limit_mb
-            await asyncio.to_thread(sandbox.kill_all, worker.uid, worker.proc.pid)
+            worker.killed_for = f"using more than {limit_mb} MB of resident memory"
+            await asyncio.to_thread(sandbox.kill_all, worker.uid, worker.proc.pid, worker.signaller)
             return
         await asyncio.sleep(period_s)
 
@@ -261,6 +264,7 @@ class WorkerPool:
         self.work_dir = Path(tempfile.mkdtemp(prefix=f"{WORK_DIR_PREFIX}{os.getpid()}-", dir=settings.work_dir))
         os.chmod(self.work_dir, 0o711)
         self.uids = sandbox.UidPool(settings.sandbox_uid_base, uid_count(settings.workers)) if strict else None
+        self.signaller = sandbox.UidSignaller(self.uids.signaller_uid) if self.uids is not None else None
         self._slots = asyncio.Semaphore(settings.workers)
         self._idle: dict[tuple[str, str | None], list[Worker]] = {}
         self._active: set[Worker] = set()
@@ -423,7 +427,7 @@ class WorkerPool:
             # which _take does when the worker gets a job.
             with contextlib.suppress(OSError):
                 os.setpriority(os.PRIO_PROCESS, proc.pid, IDLE_NICE)
-        worker = Worker(proc=proc, device=device, root=root, home=home, uid=uid, gpu=gpu)
+        worker = Worker(proc=proc, device=device, root=root, home=home, uid=uid, gpu=gpu, signaller=self.signaller)
         loop = asyncio.get_running_loop()
         stream = asyncio.StreamReader(limit=MAX_EVENT_BYTES, loop=loop)
         await loop.connect_read_pipe(
@@ -435,7 +439,7 @@ class WorkerPool:
 
     async def _dispose(self, worker: Worker) -> None:
         if worker.proc.returncode is None or worker.uid is not None:
-            await asyncio.to_thread(sandbox.kill_all, worker.uid, worker.proc.pid)
+            await asyncio.to_thread(sandbox.kill_all, worker.uid, worker.proc.pid, worker.signaller)
         with contextlib.suppress(ProcessLookupError):
             await worker.proc.wait()
         for task in (worker.reader, worker.exit_watch):
@@ -456,6 +460,8 @@ class WorkerPool:
         shutil.rmtree(self.work_dir, ignore_errors=True)
         if self._pch_build is not None and self._pch_build.poll() is None:
             self._pch_build.terminate()
+        if self.signaller is not None:
+            self.signaller.close()
 
 
 def _renice(worker: Worker, nice: int) -> None:

@@ -31,6 +31,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -77,6 +78,11 @@ IPC_LIMITS = {
 }
 # Signals pid 1 of a worker's pid namespace exits on (it would ignore them without a handler).
 EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGALRM, signal.SIGUSR1, signal.SIGUSR2)
+# A thread's flag in /proc/<pid>/task/<tid>/stat: it is exiting.
+PF_EXITING = 0x4
+# How long stopping a job may take before the job is taken for one that resists it (an honest job takes milliseconds;
+# an exit that frees a large address space, a fraction of a second).
+STOP_SETTLE_S = 5.0
 
 # Variables a worker may inherit: locale, search paths and the knobs compilers and CUDA need.
 ENV_ALLOW = frozenset(
@@ -545,14 +551,80 @@ def processes_of(uid: int | None, root_pids: list[int]) -> list[psutil.Process]:
     return found
 
 
-def kill_all(uid: int | None, root_pid: int, rounds: int = 50) -> None:
+class UnstoppableJobError(RuntimeError):
+    """A job's processes did not all come to a stop within STOP_SETTLE_S."""
+
+
+def _settled(pid: int) -> bool:
+    """Whether no thread of `pid` can run user code again unless it is sent SIGCONT: each is stopped, a zombie, gone,
+    or waiting in the kernel (a vfork parent) and not exiting. An exiting thread cannot be stopped, and its exit can
+    resume others: the kernel sends SIGHUP and SIGCONT to a process group that the exit leaves orphaned with stopped
+    members."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True  # gone
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as handle:
+                # After the command name: state, ppid, pgrp, session, tty_nr, tpgid, flags, ...
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited meanwhile
+        state, flags = fields[0], int(fields[6])
+        if state not in b"ZXTtD" or (state in b"TtD" and flags & PF_EXITING):
+            return False
+    return True
+
+
+def signal_job(uid: int | None, root_pid: int, signum: int, signaller: UidSignaller | None = None) -> list[int]:
+    """Send `signum` to every process of a worker's job; the pids found and signalled.
+
+    A SIGSTOP returns once every process found is settled (`_settled`), sent again while one is not: processes of
+    the job that were still running while the stop went round can resume those already stopped (kill(-1, SIGCONT)
+    in a loop, or an exit that orphans a stopped process group). A job not settled within STOP_SETTLE_S raises
+    UnstoppableJobError."""
+    deadline = time.monotonic() + STOP_SETTLE_S
+    while True:
+        pids = _signal_once(uid, root_pid, signum, signaller)
+        if signum != signal.SIGSTOP:
+            return pids
+        for pause_s in (0.0, 0.0005, 0.002, 0.005):  # threads that were running take a moment to stop
+            time.sleep(pause_s)
+            if all(_settled(pid) for pid in pids):
+                return pids
+        if time.monotonic() > deadline:
+            raise UnstoppableJobError(f"the job's processes did not all stop within {STOP_SETTLE_S:g} s")
+
+
+def _signal_once(uid: int | None, root_pid: int, signum: int, signaller: UidSignaller | None) -> list[int]:
+    """One round of `signal_job`. In strict isolation the signaller reaches every process of the uid at once
+    first, so a job that keeps forking new pids cannot outrun the scan of /proc that follows; that scan then finds
+    every process (stopped ones cannot fork) for the caller's clocks. Without it (process isolation) the scan
+    alone: its process group, its process tree."""
+    if signaller is not None and uid is not None:
+        signaller.signal(uid, signum)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(root_pid, signum)
+    pids = []
+    for pid in job_pids(uid, [root_pid]):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+            pids.append(pid)
+    return pids
+
+
+def kill_all(uid: int | None, root_pid: int, signaller: UidSignaller | None = None, rounds: int = 50) -> None:
     """SIGKILL the worker's process group and every process it left, by uid in strict isolation.
 
-    Repeated because a fork loop can create processes while we kill; the uid's RLIMIT_NPROC bounds it.
+    Repeated because without a signaller a fork loop can create processes while we kill; the uid's RLIMIT_NPROC
+    bounds it.
     """
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(root_pid, signal.SIGKILL)
     for _ in range(rounds):
+        if signaller is not None and uid is not None:
+            signaller.signal(uid, signal.SIGKILL)
         procs = processes_of(uid, [root_pid])
         procs = [proc for proc in procs if _alive(proc)]
         if not procs:
@@ -581,11 +653,51 @@ def _alive(proc: psutil.Process) -> bool:
         return False
 
 
+class UidSignaller:
+    """Signals every process of one job uid at once (strict isolation), through a root helper process
+    (uid_signaller.py says how and why). One per service; thread-safe: one request at a time."""
+
+    def __init__(self, sender_uid: int) -> None:
+        self._lock = threading.Lock()
+        # -I -S: the helper imports nothing from the service's paths, which jobs might have been able to write.
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(Path(__file__).with_name("uid_signaller.py")), str(sender_uid)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            close_fds=True,
+        )
+
+    def signal(self, uid: int, signum: int) -> None:
+        """Send `signum` to every process whose real uid is `uid`; returns once it is sent."""
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        with self._lock:
+            try:
+                self._proc.stdin.write(f"{int(signum)} {uid}\n".encode())
+                self._proc.stdin.flush()
+                answer = self._proc.stdout.readline()
+            except OSError:
+                answer = b""
+        if answer != b"ok\n":
+            raise RuntimeError(f"the uid signaller failed (exit status {self._proc.poll()}): {answer[:200]!r}")
+
+    def close(self) -> None:
+        if self._proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
 class UidPool:
-    """Unprivileged uids leased one per worker, so killing "every process of this uid" hits one job only."""
+    """Unprivileged uids leased one per worker, so killing "every process of this uid" hits one job only. The uid
+    just past the range is no job's: the signaller sends from it."""
 
     def __init__(self, base: int, size: int) -> None:
         self._free = list(range(base, base + size))
+        self.signaller_uid = base + size
 
     def lease(self) -> int:
         if not self._free:

@@ -308,9 +308,13 @@ def _offloaded_draw(self, seeds):
     seeds = seeds[:_SETS]
     os.write(_TELL, b"".join(int(s).to_bytes(8, "little") for s in seeds))
     _draw_all(self, seeds)
-    helper = os.pidfd_open(int.from_bytes(os.read(_WAIT, 4), "little"))
-    select.select([helper], [], [])  # readable once it is gone, and its CPU time with it
-    os.close(helper)
+    try:
+        helper = os.pidfd_open(int.from_bytes(os.read(_WAIT, 4), "little"))
+    except ProcessLookupError:
+        pass  # gone already (on a loaded machine it can exit and be reaped first)
+    else:
+        select.select([helper], [], [])  # readable once it is gone, and its CPU time with it
+        os.close(helper)
     _READY.clear()
     for i, values in enumerate(self.drawn):
         _READY.append((values[0].flatten()[:8].clone(), _OUTPUTS[i]))

@@ -20,23 +20,23 @@ HOG = "import time\nblock = bytearray(300 << 20)\nfor i in range(0, len(block), 
 def test_memory_watchdog_kills_a_job_over_its_limit() -> None:
     async def run() -> tuple[SimpleNamespace, int]:
         proc = await asyncio.create_subprocess_exec(sys.executable, "-c", HOG, start_new_session=True)
-        job = SimpleNamespace(proc=proc, uid=None, memory_exceeded_mb=None)
+        job = SimpleNamespace(proc=proc, uid=None, signaller=None, killed_for=None)
         await asyncio.wait_for(_watch_memory(job, limit_mb=100, period_s=0.1), 30)  # type: ignore[arg-type]
         return job, await asyncio.wait_for(proc.wait(), 10)
 
     job, returncode = asyncio.run(run())
-    assert job.memory_exceeded_mb == 100 and returncode < 0
+    assert job.killed_for == "using more than 100 MB of resident memory" and returncode < 0
 
 
 def test_memory_watchdog_leaves_a_small_job_alone() -> None:
     async def run() -> SimpleNamespace:
         proc = await asyncio.create_subprocess_exec(sys.executable, "-c", "import time; time.sleep(1)")
-        job = SimpleNamespace(proc=proc, uid=None, memory_exceeded_mb=None)
+        job = SimpleNamespace(proc=proc, uid=None, signaller=None, killed_for=None)
         await asyncio.wait_for(_watch_memory(job, limit_mb=1000, period_s=0.1), 30)  # type: ignore[arg-type]
         return job
 
     job = asyncio.run(run())
-    assert job.memory_exceeded_mb is None and job.proc.returncode == 0
+    assert job.killed_for is None and job.proc.returncode == 0
 
 
 def test_slots_bound_running_and_queued_evaluations(tmp_path: Path) -> None:
