@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 MAX_CACHED_REFERENCE_BYTES = 256 << 20
 # The reference draws one input set more than the correctness trials: the candidate sees it only after timing.
 RECHECK_SETS = 1
+# CPU a stopped job's processes may show between the judge's two readings (none, but for the kernel's leftovers
+# from stopping) before the job is taken to have run meanwhile.
+RAN_WHILE_STOPPED_S = 0.002
 # Share of timed candidate blocks whose output (of one call, chosen after the block) is checked; the last always is.
 CHECK_PROBABILITY = 0.25
 # The candidate's time not explained by its report may exceed the reference's (median per block) by this share of
@@ -351,8 +354,8 @@ class Judge:
         # The workers timed against each other: while one runs a block, the other is stopped.
         self.pair: list[Worker] = []
         # Workers the judge keeps stopped between two commands of a timed block (see _command): the pids it
-        # stopped, by the worker's pid.
-        self.held: dict[int, list[int]] = {}
+        # stopped and their CPU clocks then, by the worker's pid.
+        self.held: dict[int, tuple[list[int], dict[int, float]]] = {}
         self.timer: Worker | None = None
 
     @property
@@ -752,16 +755,12 @@ class Judge:
         escapes the clock: what it does before it is stopped counts in this command's time, the rest in the next."""
         nonce = secrets.token_hex(8)
         on_cpu = clocked and self.gpu is None
-        held = self.held.pop(worker.proc.pid, None)
+        held = await self._release(worker)
         cpu_before: dict[int, float] = {}
         if on_cpu:
-            # A held job ran nothing since it was stopped (no new process either): its known pids' clocks are exact.
-            if held is not None:
-                cpu_before = await asyncio.to_thread(_cpu_clocks, held)
-            else:
-                cpu_before = await asyncio.to_thread(_job_cpu_clocks, worker)
-        if held is not None:
-            await asyncio.to_thread(_resume, [worker], held)
+            # A held job ran nothing since it was stopped (no new process either; _release checked): its known
+            # pids' clocks are exact.
+            cpu_before = held if held is not None else await asyncio.to_thread(_job_cpu_clocks, worker)
         sent_at = time.monotonic()
         await worker.send({**command, "nonce": nonce})
         event = await worker.expect({reply, "error"}, self.deadline)
@@ -769,7 +768,7 @@ class Judge:
         if hold and event is not None and event["event"] == reply:
             # One scan of the job's processes both stops them and reads their clocks.
             stopped, cpu_after = await asyncio.to_thread(_stop_and_clock, worker)
-            self.held[worker.proc.pid] = stopped
+            self.held[worker.proc.pid] = (stopped, cpu_after)
         elif on_cpu:
             cpu_after = await asyncio.to_thread(_job_cpu_clocks, worker)
         if on_cpu:
@@ -792,12 +791,35 @@ class Judge:
         isolation its uid) while `active` runs, so a candidate's threads, children or daemons cannot slow the
         reference down while it is timed."""
         others = [w for w in self.pair if w is not active and w.proc.returncode is None]
-        stopped = await asyncio.to_thread(_signal_jobs, others, signal.SIGSTOP) if others else []
+        stopped, at_stop = await asyncio.to_thread(_stop_and_clock, *others) if others else ([], {})
         try:
             yield
         finally:
             if stopped:
+                now = await asyncio.to_thread(_cpu_clocks, stopped)
                 await asyncio.to_thread(_resume, others, stopped)
+                if self.timer not in others:
+                    self._check_stayed_stopped(at_stop, now)
+
+    async def _release(self, worker: Worker) -> dict[int, float] | None:
+        """Resume a worker the judge held stopped after its last reply (None if it did not): the CPU clocks of its
+        processes just before, checked against those read when it was stopped."""
+        held = self.held.pop(worker.proc.pid, None)
+        if held is None:
+            return None
+        stopped, at_stop = held
+        now = await asyncio.to_thread(_cpu_clocks, stopped)
+        await asyncio.to_thread(_resume, [worker], stopped)
+        self._check_stayed_stopped(at_stop, now)
+        return now
+
+    def _check_stayed_stopped(self, at_stop: dict[int, float], now: dict[int, float]) -> None:
+        """A stopped job's processes use no CPU. Something the job armed before the stop can resume it without
+        any of its processes running then (a timer or another source that sends SIGCONT; an exit that orphans a
+        stopped process group): it would then run beside the other side's block, or after the judge read its
+        clock."""
+        if any(now.get(pid, seconds) - seconds > RAN_WHILE_STOPPED_S for pid, seconds in at_stop.items()):
+            self.run_state.flags["result_tampering"] = "a process of the job ran while the judge held it stopped"
 
     async def _timer_output(self, timer: Worker, call: int) -> Any:
         """The reference's output of one call of its last block (the same inputs as the candidate's call)."""
@@ -826,9 +848,7 @@ class Judge:
         `committed`: the sketch of this call's output in the block's reply (GPU), and `held_hash` the judge's hash of
         the bytes it read from the worker's memory after the block (CPU); an output saved with another was not the
         one the timed call produced (filled in or computed again after the block)."""
-        held = self.held.pop(candidate.proc.pid, None)
-        if held is not None:
-            await asyncio.to_thread(_resume, [candidate], held)
+        await self._release(candidate)
         self.checks += 1
         nonce = secrets.token_hex(8)
         await candidate.send({"op": "save", "call": call, "check": self.checks, "nonce": nonce})
@@ -1108,10 +1128,10 @@ def _cpu_used_s(before: dict[int, float], after: dict[int, float]) -> float:
     return sum(max(0.0, seconds - before.get(pid, 0.0)) for pid, seconds in after.items())
 
 
-def _stop_and_clock(worker: Worker) -> tuple[list[int], dict[int, float]]:
-    """Stop every process of a worker's job (SIGSTOP); the pids stopped and their CPU clocks (as _job_cpu_clocks),
-    read once they are stopped."""
-    stopped = _signal_jobs([worker], signal.SIGSTOP)
+def _stop_and_clock(*workers: Worker) -> tuple[list[int], dict[int, float]]:
+    """Stop every process of the workers' jobs (SIGSTOP); the pids stopped and their CPU clocks (as
+    _job_cpu_clocks), read once they are stopped."""
+    stopped = _signal_jobs(list(workers), signal.SIGSTOP)
     return stopped, _cpu_clocks(stopped)
 
 

@@ -40,6 +40,42 @@ for _ in range(4):
 """,
 )
 
+# Arms one-shot POSIX timers that send the process SIGCONT 1 to 128 ms after each call, and spins in a thread: the
+# kernel resumes it after the judge stopped it (after a block's reply, or beside the reference's block) without any
+# of its processes running at the stop.
+SIGCONT_TIMER = sources.candidate(
+    """
+for timer, arm in zip(_TIMERS, _ARMS):
+    _LIBC.timer_settime(timer, 0, ctypes.byref(arm), None)
+return x.clamp_min(0) * self.scale
+""",
+    prelude="""
+import ctypes, signal, threading
+
+class _Event(ctypes.Structure):  # struct sigevent: value, signo, notify (SIGEV_SIGNAL = 0), padding
+    _fields_ = [("value", ctypes.c_void_p), ("signo", ctypes.c_int), ("notify", ctypes.c_int), ("pad", ctypes.c_byte * 48)]
+
+class _Time(ctypes.Structure):
+    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
+
+class _Spec(ctypes.Structure):
+    _fields_ = [("interval", _Time), ("value", _Time)]
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_TIMERS = [ctypes.c_void_p() for _ in range(8)]
+for _timer in _TIMERS:
+    if _LIBC.timer_create(1, ctypes.byref(_Event(None, signal.SIGCONT, 0)), ctypes.byref(_timer)) != 0:
+        raise OSError(ctypes.get_errno(), "timer_create")
+_ARMS = [_Spec(_Time(0, 0), _Time(0, 1_000_000 << i)) for i in range(8)]
+
+def _spin():
+    while True:
+        sum(range(1000))
+
+threading.Thread(target=_spin, daemon=True).start()
+""",
+)
+
 # Caches its answer per input buffer: right the first time, stale once the same buffer holds new values.
 CACHE_PER_BUFFER = sources.candidate(
     """
@@ -516,6 +552,15 @@ def test_false_reports_buy_no_speedup(any_client: httpx.Client, candidate: str) 
         assert result["speedup"] < 3, result
     else:
         assert "implausible_timing" in result["flags"] or "result_tampering" in result["flags"], result
+    assert_still_correct(any_client)
+
+
+def test_a_job_resumed_by_a_timer_while_stopped_is_caught(any_client: httpx.Client) -> None:
+    """Something the job armed before a stop resumes it without any of its processes running (a timer sending
+    SIGCONT); the judge sees its CPU clock move while it held the job stopped."""
+    result = evaluate(any_client, SIGCONT_TIMER, timing_trials=10)
+    assert result["status"] == "rejected" and "result_tampering" in result["flags"], result
+    assert "ran while the judge held it stopped" in result["message"], result["message"]
     assert_still_correct(any_client)
 
 
