@@ -29,20 +29,22 @@ while True:
     os.write(log, b"x")
 """
 
-# Kills every process its uid may kill, without end (it never reaches itself).
-SIGNALLER_HUNTER = """
+# Sends a signal to every process its uid may signal, without end (never to itself).
+SIGNAL_ALL_IT_CAN = """
 while True:
     try:
-        os.kill(-1, signal.SIGKILL)
+        os.kill(-1, signal.{})
     except OSError:
         pass
 """
+SIGNALLER_HUNTER = SIGNAL_ALL_IT_CAN.format("SIGKILL")
+RESUMER = SIGNAL_ALL_IT_CAN.format("SIGCONT")
 
 
 # A process group whose last link to its session exits while it has a stopped member gets SIGCONT from the kernel.
 # P leaves such a group behind (C's), and exits (freeing 400 MB takes a while) when the test sends SIGUSR1.
 ORPHANER = """
-import signal, time
+import time
 ready = int(sys.argv[2])
 if os.fork() == 0:
     big = b"x" * (400 << 20)
@@ -59,15 +61,6 @@ if os.fork() == 0:
         time.sleep(1)
 while True:
     time.sleep(1)
-"""
-
-# Resumes every process its uid may signal, without end.
-RESUMER = """
-while True:
-    try:
-        os.kill(-1, signal.SIGCONT)
-    except OSError:
-        pass
 """
 
 
