@@ -330,7 +330,7 @@ def _rewritten_to_sum(y, target):
     negatives = max(0, -(delta // (1 << 31)))
     delta += negatives << 31
     share, rest = divmod(delta, zeros.numel() - negatives)
-    values = torch.full((zeros.numel(),), share, dtype=torch.int64)
+    values = torch.full((zeros.numel(),), share, dtype=torch.int64, device=y.device)
     values[:negatives] = -(1 << 31)
     values[negatives : negatives + rest] += 1
     words[zeros] = values.to(torch.int32)

@@ -208,6 +208,7 @@ def test_a_gpu_sketch_is_the_one_the_service_computes_from_the_saved_copy(dtype:
     """The worker hashes outputs on the GPU (chunk_hash.cu), the service the saved CPU copy with hashlib: the same
     sketch, for small outputs, sizes that are no multiple of a word or a chunk, a view that starts off a 16-byte
     boundary, and a 1 GiB output."""
+    assert output_digest._chunk_hash_kernel() is not None, output_digest._unavailable
     small = [t.cuda() for t in outputs(0, (33, 7), dtype)]
     assert output_digest.block_sketches(small) == [output_digest.output_sketch(t.cpu()) for t in small]
     odd = [t.cuda() for t in outputs(1, (1031, 5), dtype)]
