@@ -20,6 +20,7 @@ from tests.implementer.conftest import service_env
 from tests.servers import run_service
 
 EXAMPLE = {t.name: t.example for t in TECHNIQUES}
+UNVERIFIED_RETRIES = 2
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,14 @@ def verdicts(
         reference = get_problem(f"builtin/{case.problem}").source
         reply = implement(implementer, case.problem, reference, case.technique, case.target)
         assert reply.status == "ok" and reply.techniques == [case.technique], reply.message
-        return reply, evaluate(evaluator, case.problem, reply.source or "")
+        result = evaluate(evaluator, case.problem, reply.source or "")
+        # Where the judge says its clock was too noisy to check a speedup (unverified_timing: it then credits
+        # none), the speed is measured again, at most twice. A rewrite that gains nothing still fails.
+        for _ in range(UNVERIFIED_RETRIES if case.min_speedup is not None else 0):
+            if "unverified_timing" not in result.flags:
+                break
+            result = evaluate(evaluator, case.problem, reply.source or "")
+        return reply, result
 
     return {case: run(case) for case in CASES}
 
