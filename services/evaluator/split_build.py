@@ -11,7 +11,8 @@ with tree-sitter (the CUDA grammar) and writes:
   compiled by g++ against a precompiled `torch/types.h` (pch.py).
 - the binding: what `load_inline` generates from `functions=`, for the declarations of `cpp_sources`, compiled
   once per distinct declaration text and flags into an object kept under `<cache>/split-bindings/`, with a module
-  init of a fixed name; `split_stub.cpp` forwards the extension's own `PyInit_<name>` to it.
+  init of a fixed name; `split_stub.cpp` forwards the extension's own `PyInit_<name>` to it. It includes torch's
+  pybind11 headers alone (BINDING_PRELUDE), against a PCH of its own.
 - one link of the three objects and the binding.
 
 split_source.py reads the CUDA source (items, launch sites, rewrites); this module checks the arguments, writes
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.evaluator import split_source
+from services.evaluator import pch, split_source
 from services.evaluator.split_source import NotSplittable
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,9 @@ DEVICE_PRELUDE = """\
 # The parts of a split build its ninja file compiles: split_<part>*.o objects, and the link of the library.
 NINJA_PARTS = frozenset({"device", "host", "stub", "binding", "link"})
 LIGHT_HEADERS = "#include <c10/util/Half.h>\n#include <c10/util/BFloat16.h>\n"
+# The binding needs torch's pybind11 casters and error translation, not the C++ frontend torch/extension.h brings
+# (torch/all.h: nn, optim, data): `torch::` names the ATen types the declarations use, as torch/types.h does.
+BINDING_PRELUDE = f"#include <{pch.BINDING_HEADER}>\nnamespace torch {{\nusing namespace at;\n}}\n"
 
 
 def enabled() -> bool:
@@ -170,7 +174,7 @@ def _binding(cpp_sources: str, functions: dict[str, str], pytorch_errors: bool) 
             raise NotSplittable(f"cpp_sources with a top-level {node.type}")
     if set(functions) - declared:
         raise NotSplittable("a bound function cpp_sources do not declare")
-    lines = ["#include <torch/extension.h>\n", *kept, f"PYBIND11_MODULE({BINDING_INIT}, m) {{\n"]
+    lines = [BINDING_PRELUDE, *kept, f"PYBIND11_MODULE({BINDING_INIT}, m) {{\n"]
     for name, doc in functions.items():
         bound = f"torch::wrap_pybind_function({name})" if pytorch_errors else name
         lines.append(f'm.def("{name}", {bound}, "{doc}");\n')
@@ -258,8 +262,6 @@ def binding_salt(base_cflags: tuple[str, ...]) -> str:
 
     import torch
 
-    from services.evaluator import pch
-
     identity = pch._compiler_identity(pch._compiler())
     versions = [platform.machine(), sys.version, torch.__version__, str(torch.version.cuda)]
     return "\0".join([identity, *versions, *base_cflags])
@@ -267,8 +269,6 @@ def binding_salt(base_cflags: tuple[str, ...]) -> str:
 
 @functools.cache
 def _binding_flags(base_cflags: tuple[str, ...]) -> tuple[str, ...]:
-    from services.evaluator import pch
-
     cflags = pch._ninja_cflags(list(base_cflags), with_cuda=True)
     if cflags is None:
         raise NotSplittable("torch's build flags cannot be read")
@@ -277,11 +277,9 @@ def _binding_flags(base_cflags: tuple[str, ...]) -> tuple[str, ...]:
 
 def binding_cflags(cache_dir: Path, base_cflags: list[str]) -> tuple[list[str], str]:
     """The binding's compile flags (the evaluator's own flags only: candidates' flags never reach it), with the
-    torch/extension.h PCH where there is one, and its key's salt."""
-    from services.evaluator import pch
-
+    binding's PCH where there is one, and its key's salt."""
     cflags = _binding_flags(tuple(base_cflags))
-    header = pch.find_pch(cache_dir, base_cflags)
+    header = pch.find_pch(cache_dir, base_cflags, header=pch.BINDING_HEADER)
     flags = [*cflags, f"-DTORCH_EXTENSION_NAME={BINDING_INIT}", *pch.pch_cflags(header)]
     return flags, binding_salt(tuple(base_cflags))
 
@@ -320,8 +318,6 @@ def write_ninja(
     import inspect
 
     import torch.utils.cpp_extension as cpp_extension
-
-    from services.evaluator import pch
 
     sources = {"split_host.cpp": plan.host_source, "split_device.cu": plan.device_source, "split_stub.cpp": STUB_SOURCE}
     for filename, text in sources.items():

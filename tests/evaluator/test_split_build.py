@@ -82,7 +82,7 @@ def test_every_plan_keeps_torch_out_of_device_code_and_launches_out_of_host_code
         assert plan.host_source.count("ka_launch_") >= plan.launch_sites, case.name
         assert plan.device_source.count('extern "C" void ka_launch_') >= plan.launch_sites, case.name
         assert "torch/extension.h" not in plan.host_source, case.name
-        assert plan.binding_source.startswith("#include <torch/extension.h>")
+        assert plan.binding_source.startswith(split_build.BINDING_PRELUDE), case.name
 
 
 def test_dispatched_launch_gets_one_launcher_per_type(corpus: list[tuple[cuda_corpus.Case, dict[str, Any]]]) -> None:
@@ -421,6 +421,76 @@ def test_stub_forwards_the_extensions_init_to_the_shared_binding(tmp_path: Path)
     module = build_cache._load_library(tmp_path / "ext_probe.so", "ext_probe", True)
     assert module.__name__ == "ext_probe"
     assert module.twice(21) == 42
+
+
+@pytest.mark.slow
+def test_the_generated_binding_compiles_without_the_cpp_frontend_and_calls_the_host_code(tmp_path: Path) -> None:
+    """A binding as make_plan writes it (torch's pybind11 headers only, `torch::` as torch/types.h names it) for
+    declarations of the kinds candidates write, compiled against the CPU torch, linked with host code and the stub:
+    every function takes and returns what load_inline's own binding would (tensors, a list of tensors, an optional
+    tensor, ints, floats, bools), and a failed TORCH_CHECK is a Python RuntimeError."""
+    import subprocess
+
+    torch = pytest.importorskip("torch")
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler")
+    declarations = (
+        "#include <vector>\n"
+        "torch::Tensor scaled(torch::Tensor x, double scale, int64_t offset);\n"
+        "std::vector<torch::Tensor> split_halves(const torch::Tensor& x, bool flip);\n"
+        "torch::Tensor maybe_add(torch::Tensor x, c10::optional<torch::Tensor> bias, int repeat);\n"
+    )
+    definitions = """
+torch::Tensor scaled(torch::Tensor x, double scale, int64_t offset) { return x * scale + offset; }
+std::vector<torch::Tensor> split_halves(const torch::Tensor& x, bool flip) {
+    auto parts = x.chunk(2);
+    return flip ? std::vector<torch::Tensor>{parts[1], parts[0]} : std::vector<torch::Tensor>{parts[0], parts[1]};
+}
+torch::Tensor maybe_add(torch::Tensor x, c10::optional<torch::Tensor> bias, int repeat) {
+    TORCH_CHECK(repeat > 0, "repeat must be positive");
+    for (int i = 0; i < repeat; ++i) x = bias.has_value() ? x + *bias : x;
+    return x;
+}
+"""
+    functions = {"scaled": "", "split_halves": "", "maybe_add": ""}
+    binding, _, declared = split_build._binding(declarations, functions, pytorch_errors=True)
+    assert declared == set(functions) and "torch/extension.h" not in binding
+    (tmp_path / "binding.cpp").write_text(binding)
+    (tmp_path / "host.cpp").write_text("#include <torch/types.h>\n" + declarations + definitions)
+    (tmp_path / "stub.cpp").write_text(split_build.STUB_SOURCE)
+    from services.evaluator import pch
+
+    cflags = pch._ninja_cflags([], with_cuda=False)
+    assert cflags is not None
+    compile_ = ["c++", *cflags, "-c"]
+    builds = [
+        [*compile_, f"-DTORCH_EXTENSION_NAME={split_build.BINDING_INIT}", "binding.cpp", "-o", "binding.o"],
+        [*compile_, "host.cpp", "-o", "host.o"],
+        [*compile_, "-DTORCH_EXTENSION_NAME=ext_bound", "stub.cpp", "-o", "stub.o"],
+    ]
+    running = [subprocess.Popen(b, cwd=tmp_path, stderr=subprocess.PIPE, text=True) for b in builds]
+    for process in running:
+        assert process.wait() == 0, process.stderr.read() if process.stderr else ""
+    from torch.utils import cpp_extension
+
+    libraries = [f"-L{p}" for p in cpp_extension.library_paths()] + [
+        "-lc10",
+        "-ltorch",
+        "-ltorch_cpu",
+        "-ltorch_python",
+    ]
+    link = ["c++", "-shared", "stub.o", "binding.o", "host.o", *libraries, "-o", "ext_bound.so"]
+    subprocess.run(link, cwd=tmp_path, check=True)
+    module = build_cache._load_library(tmp_path / "ext_bound.so", "ext_bound", True)
+    x = torch.arange(6.0)
+    assert torch.equal(module.scaled(x, 2.0, 1), x * 2 + 1)
+    first, second = module.split_halves(x, True)
+    assert torch.equal(first, x[3:]) and torch.equal(second, x[:3])
+    assert torch.equal(module.maybe_add(x, None, 1), x) and torch.equal(module.maybe_add(x, x, 2), 3 * x)
+    with pytest.raises(RuntimeError, match="repeat must be positive"):
+        module.maybe_add(x, x, 0)
+    with pytest.raises(TypeError):
+        module.scaled(x, "two", 1)
 
 
 def test_deeply_nested_sources_are_no_danger_to_the_service() -> None:
