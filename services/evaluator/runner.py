@@ -42,6 +42,8 @@ _load = torch.load
 _copy = torch.Tensor.copy_
 _Tensor = torch.Tensor
 _no_grad = torch.no_grad
+_set_num_threads = torch.set_num_threads
+_get_num_threads = torch.get_num_threads
 # Called through this name, so that rebinding Guard.replaced (one line of candidate code) does not silence it.
 _replaced = Guard.replaced
 
@@ -61,7 +63,7 @@ class WorkerContext:
     def start(
         cls, device: str, threads: int, cache_dir: str, emit: Callable[..., None], control: IO[str]
     ) -> WorkerContext:
-        torch.set_num_threads(threads)
+        _set_num_threads(threads)
         backend = get_backend(device)
         if not backend.available():
             raise RuntimeError(f"device {device!r} is not available in this worker")
@@ -83,7 +85,15 @@ class WorkerContext:
     def command(self) -> dict[str, Any]:
         """The judge's next command; an empty dict when the service closed the pipe."""
         line = self.control.readline()
+        self.pin_threads()
         return json.loads(line) if line.strip() else {}
+
+    def pin_threads(self) -> None:
+        """Back to the worker's own torch thread count, which a candidate may have changed (torch.set_num_threads):
+        the judge's steps around its calls cost it what they cost the reference, and a call starts with no core the
+        reference lacks. Called before every command and every call."""
+        if _get_num_threads() != self.threads:
+            _set_num_threads(self.threads)
 
 
 def run_job(context: WorkerContext, job: dict[str, Any]) -> None:
@@ -251,6 +261,7 @@ class InputSets:
         return self.context.backend.prepare_inputs(_load_inputs(path))
 
     def refill(self, values: list[Any]) -> list[Any]:
+        self.context.pin_threads()
         if self.buffers is None:
             self.buffers = clone_inputs(values)
         for index, value in enumerate(values):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from services.evaluator.config import HACK_FLAGS
 from tests.evaluator import sources
 from tests.evaluator.conftest import evaluate
 from tests.evaluator.test_hostile import assert_still_correct
@@ -553,6 +554,36 @@ def test_false_reports_buy_no_speedup(any_client: httpx.Client, candidate: str) 
     else:
         assert "implausible_timing" in result["flags"] or "result_tampering" in result["flags"], result
     assert_still_correct(any_client)
+
+
+MORE_THREADS = """
+import torch
+torch.set_num_threads(2)
+
+def _f(x):
+    for _ in range(10):
+        x = torch.sin(x) + x * 0.5
+    return x
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        torch.set_num_threads(2)
+        self.scale = scale
+
+    def forward(self, x):
+        return torch.relu(_f(x)) * self.scale
+"""
+
+
+def test_an_honest_candidate_that_sets_more_threads_runs_with_the_workers_own(any_client: httpx.Client) -> None:
+    """The reference's code, with torch.set_num_threads(2) at import and in __init__ (the worker has 1 thread here).
+    Every command runs with the worker's own thread count again: the judge's steps around the calls (drawing the
+    inputs, the digest) cost it what they cost the reference, and its calls get no core the reference lacks. It had
+    been rejected for implausible_timing: two threads' CPU time on the judge's clock."""
+    result = evaluate(any_client, MORE_THREADS, reference=sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240)
+    assert result["status"] == "correct", f"{result['status']} {result['flags']} {result['message'][-600:]}"
+    assert not set(result["flags"]) & HACK_FLAGS, result["flags"]
 
 
 def test_a_job_resumed_by_a_timer_while_stopped_is_caught(any_client: httpx.Client) -> None:
