@@ -556,24 +556,10 @@ def test_false_reports_buy_no_speedup(any_client: httpx.Client, candidate: str) 
     assert_still_correct(any_client)
 
 
-MORE_THREADS = """
-import torch
-torch.set_num_threads(2)
-
-def _f(x):
-    for _ in range(10):
-        x = torch.sin(x) + x * 0.5
-    return x
-
-class ModelNew(torch.nn.Module):
-    def __init__(self, scale):
-        super().__init__()
-        torch.set_num_threads(2)
-        self.scale = scale
-
-    def forward(self, x):
-        return torch.relu(_f(x)) * self.scale
-"""
+# The reference's own code as the candidate, asking for 2 threads at import and in __init__.
+MORE_THREADS = "import torch\ntorch.set_num_threads(2)\n" + sources.HEAVY_REFERENCE.replace(
+    "class Model(", "class ModelNew("
+).replace("        self.scale = scale", "        torch.set_num_threads(2)\n        self.scale = scale")
 
 
 def test_an_honest_candidate_that_sets_more_threads_runs_with_the_workers_own(any_client: httpx.Client) -> None:
