@@ -796,10 +796,7 @@ class Judge:
             yield
         finally:
             if stopped:
-                now = await asyncio.to_thread(_cpu_clocks, stopped)
-                await asyncio.to_thread(_resume, others, stopped)
-                if self.timer not in others:
-                    self._check_stayed_stopped(at_stop, now)
+                await self._resume_checked(others, stopped, at_stop, check=self.timer not in others)
 
     async def _release(self, worker: Worker) -> dict[int, float] | None:
         """Resume a worker the judge held stopped after its last reply (None if it did not): the CPU clocks of its
@@ -808,9 +805,17 @@ class Judge:
         if held is None:
             return None
         stopped, at_stop = held
+        return await self._resume_checked([worker], stopped, at_stop)
+
+    async def _resume_checked(
+        self, workers: list[Worker], stopped: list[int], at_stop: dict[int, float], check: bool = True
+    ) -> dict[int, float]:
+        """Resume what _stop_and_clock stopped; the CPU clocks of its processes just before, checked (`check`)
+        against those read at the stop."""
         now = await asyncio.to_thread(_cpu_clocks, stopped)
-        await asyncio.to_thread(_resume, [worker], stopped)
-        self._check_stayed_stopped(at_stop, now)
+        await asyncio.to_thread(_resume, workers, stopped)
+        if check:
+            self._check_stayed_stopped(at_stop, now)
         return now
 
     def _check_stayed_stopped(self, at_stop: dict[int, float], now: dict[int, float]) -> None:
