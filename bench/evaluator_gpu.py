@@ -159,8 +159,18 @@ def run_ours(manifest: list[dict], workers: int, profile: str, out: Path, batch_
     with run_service("evaluator", env=env, log_path=out / "service.log", timeout_s=300) as url:
         report["pch_ready_s"] = wait_for_pch(cache)
         t0 = time.perf_counter()
-        with CpuSampler() as cpu, ThreadPoolExecutor(len(manifest)) as pool:
-            cold = list(pool.map(lambda e: post(url, request(e, profile)), manifest))
+        progress, progress_lock = (out / "cold_progress.jsonl").open("w"), threading.Lock()
+
+        def post_and_record(entry: dict) -> dict:
+            # Each result as it comes: a batch stopped early (a lease's time limit) still says what it did.
+            result = post(url, request(entry, profile))
+            with progress_lock:
+                progress.write(json.dumps({"file": entry["file"], "at_s": time.perf_counter() - t0, **result}) + "\n")
+                progress.flush()
+            return result
+
+        with progress, CpuSampler() as cpu, ThreadPoolExecutor(len(manifest)) as pool:
+            cold = list(pool.map(post_and_record, manifest))
         report["cold_batch_s"] = time.perf_counter() - t0
         report["cpu_busy_during_batch"] = {
             "mean": statistics.fmean(cpu.busy) if cpu.busy else None,

@@ -77,9 +77,10 @@ def test_evaluate_example_against_the_evaluator_it_starts():
         reply = httpx.post(f"{url}/evaluate", json=body, timeout=600)
     assert reply.status_code == 200, reply.text
     result = reply.json()
-    # What the README says the example returns: a correct candidate, timed over the trials it asks for.
+    # What the README says the example returns: a correct candidate, timed over at least the calls it asks for.
     assert result["status"] == "correct", f"{result['status']} {result['flags']} {result['message'][-1500:]}"
-    assert result["candidate_ms"]["n"] == body["timing_trials"], result
+    timed = result["candidate_ms"]
+    assert timed["n"] * timed["calls_per_sample"] >= body["timing_trials"] and timed["n"] >= 20, result
     assert result["speedup"] is not None and result["speedup"] > 0, result
 
 

@@ -71,6 +71,9 @@ BLOCK_MEMORY_SHARE = 8
 # Most calls in one timed block, and the longest a block grows to (by the judge's clock).
 MAX_BLOCK_CALLS = 10_000
 MAX_BLOCK_S = 0.25
+# Fewest timed blocks (samples) a round has where `timing_trials` allows: the judge's rank tests need about 10 a side
+# to fire at all, and a burst of load should move only a few of them.
+MIN_TIMED_BLOCKS = 20
 
 
 class InvalidRequestError(ValueError):
@@ -148,6 +151,15 @@ class Evaluator:
         )
         if self.metrics is not None:
             self.metrics.record(result)
+        # One line per evaluation: where a batch stands and where its time went, without asking for each job.
+        log.info(
+            "evaluated: %s in %.1f s, flags %s, build %s, phases %s",
+            result.status.value,
+            result.duration_s,
+            ",".join(result.flags) or "none",
+            result.build_path or "none",
+            " ".join(f"{phase}={seconds:.1f}" for phase, seconds in result.phases_s.items()),
+        )
         return result
 
     async def _evaluate(
@@ -577,7 +589,8 @@ class Judge:
                 # A longer round that would not end before the deadline (with the same again to spare for the
                 # recheck and the reply) is not started: the judge's wish for a clearer clock must not turn an
                 # honest candidate on a loaded machine into a timeout.
-                fits = time.monotonic() + round_s * (grown / calls + 0.5) < self.deadline
+                next_round_s = round_s * self._block_count(grown) * grown / (self._block_count(calls) * calls)
+                fits = time.monotonic() + next_round_s + round_s * 0.5 < self.deadline
                 if share > MAX_ROOM_SHARE and calls < longest and share < previous_share * 2 / 3 and fits:
                     # The judge's clock cannot yet tell the candidate's blocks from its own noise: longer blocks,
                     # as long as they help (noise that grows with the block, a loaded CPU's, does not shrink).
@@ -603,9 +616,21 @@ class Judge:
 
     def _longest_block_calls(self, blocks: dict[str, list[Block]], calls: int) -> int:
         """Most calls a block may grow to: within max_block_calls, and lasting at most MAX_BLOCK_S on either side
-        by this round's blocks."""
-        longest = max(statistics.median(b.clocked_s for b in side) for side in blocks.values() if side)
+        by this round's blocks, drawing its inputs and the digest included (on a CPU, drawing a call's inputs can
+        take ten times the call)."""
+        longest = max(
+            statistics.median(b.drawn_wall_s + b.wall_s + b.digest_wall_s for b in side)
+            for side in blocks.values()
+            if side
+        )
         return max(calls, min(self.max_block_calls, math.floor(calls * MAX_BLOCK_S / max(longest, 1e-6))))
+
+    def _block_count(self, calls: int) -> int:
+        """Blocks of a round with `calls` calls each: `timing_trials` calls a side at least, in at least
+        MIN_TIMED_BLOCKS blocks, and never more blocks than `timing_trials`. Longer blocks mean fewer of them, so a
+        round that grows its blocks for a clearer clock costs about the same time, not up to 16 times more."""
+        trials = self.request.timing_trials
+        return min(trials, max(MIN_TIMED_BLOCKS, math.ceil(trials / calls)))
 
     def _fresh_seeds(self, count: int) -> list[int]:
         """Seeds of input sets no worker has seen, each call of a timed block draws its inputs from one. 32 bits
@@ -619,14 +644,15 @@ class Judge:
         return seeds
 
     async def _timed_blocks(self, candidate: Worker, timer: Worker, calls: int) -> dict[str, list[Block]]:
-        """`timing_trials` blocks of `calls` calls on each side, alternating which goes first, every call on fresh
-        inputs drawn from a seed sent with the block. Each candidate block's digest is checked against the
+        """`_block_count(calls)` blocks of `calls` calls on each side, alternating which goes first, every call on
+        fresh inputs drawn from a seed sent with the block. Each candidate block's digest is checked against the
         reference's; after some blocks, one call's whole output is checked against the reference's."""
         blocks: dict[str, list[Block]] = {"reference": [], "candidate": []}
-        for index in range(self.request.timing_trials):
+        count = self._block_count(calls)
+        for index in range(count):
             seeds, digest_seed = self._fresh_seeds(calls), secrets.randbits(62)
             # Chosen now, told to no worker: whether a call of this block is checked in full, and which.
-            last = index == self.request.timing_trials - 1
+            last = index == count - 1
             check_call = random.randrange(calls) if last or random.random() < CHECK_PROBABILITY else None
             order = ("reference", "candidate") if index % 2 == 0 else ("candidate", "reference")
             for role in order:

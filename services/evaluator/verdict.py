@@ -43,7 +43,7 @@ def with_compiler_errors_first(message: str, most: int = 20) -> str:
     return "compiler errors:\n" + "\n".join(errors[:most]) + "\n\nfull output:\n" + message
 
 
-def timing_stats(samples: list[float]) -> TimingStats | None:
+def timing_stats(samples: list[float], calls_per_sample: int) -> TimingStats | None:
     if not samples:
         return None
     return TimingStats(
@@ -53,6 +53,7 @@ def timing_stats(samples: list[float]) -> TimingStats | None:
         min=min(samples),
         max=max(samples),
         n=len(samples),
+        calls_per_sample=calls_per_sample,
     )
 
 
@@ -168,8 +169,8 @@ def candidate_result(run: CandidateRun, reject: frozenset[str], message_chars: i
         message = f"{message}\n{note}".strip()
     correct = status is EvaluationStatus.correct
     timing = run.timing if correct else None
-    ref_ms = timing_stats(timing.reference_ms) if timing else None
-    cand_ms = timing_stats(timing.candidate_ms) if timing else None
+    ref_ms = timing_stats(timing.reference_ms, timing.calls_per_sample) if timing else None
+    cand_ms = timing_stats(timing.candidate_ms, timing.calls_per_sample) if timing else None
     speedup = ref_ms.median / cand_ms.median if ref_ms and cand_ms and cand_ms.median > 0 else None
     comparison = run.comparison
     return EvaluationResult(

@@ -56,7 +56,13 @@ class EvaluateRequest(BaseModel):
     )
     device: Device = Field("auto", description="`auto` picks CUDA when the evaluator has a GPU, else CPU.")
     correctness_trials: int = Field(5, ge=1, le=100, description="Random input draws checked for correctness.")
-    timing_trials: int = Field(100, ge=0, le=10_000, description="Timed calls of each model; 0 skips timing.")
+    timing_trials: int = Field(
+        100,
+        ge=0,
+        le=10_000,
+        description="Timed calls of each model at least, in at least 20 samples (blocks of calls) where there are that "
+        "many calls; 0 skips timing.",
+    )
     warmup_trials: int = Field(5, ge=0, le=1_000, description="Untimed calls before timing.")
     atol: float | None = Field(
         None,
@@ -84,7 +90,7 @@ class EvaluateRequest(BaseModel):
 
 
 class TimingStats(BaseModel):
-    """Per-call latency in milliseconds."""
+    """Per-call latency in milliseconds: `n` samples, each the mean of one timed block of `calls_per_sample` calls."""
 
     median: float
     mean: float
@@ -92,6 +98,7 @@ class TimingStats(BaseModel):
     min: float
     max: float
     n: int
+    calls_per_sample: int = 1
 
 
 class EvaluationResult(BaseModel):

@@ -368,3 +368,27 @@ def test_an_output_that_is_not_the_committed_one_is_never_an_error(tmp_path: Pat
     ones = output_digest.output_sketch(torch.ones(1))
     result = compare_file(tmp_path / "out", committed=lambda out: output_digest.output_sketch(out) == ones)
     assert result.correct and not result.uncommitted
+
+
+def test_verdict_and_errors_agree_with_torch_isclose_on_special_values(tmp_path: Path) -> None:
+    """The comparison measures errors without boolean indexing; it must decide as torch.isclose(equal_nan=True)
+    over the whole output and report the errors over the positions where both are finite."""
+    generator = torch.Generator().manual_seed(0)
+    specials = torch.tensor([0.0, float("nan"), float("inf"), -float("inf"), 1e-5, -3.0])
+    for case in range(300):
+        expected = torch.randn(8, generator=generator)
+        noise = [0.0, 1e-6, 1e-4, 1e-3, 1.0][case % 5]
+        produced = expected + noise * torch.randn(8, generator=generator)
+        for tensor in (expected, produced):
+            where = torch.randint(0, 8, (case % 3,), generator=generator)
+            tensor[where] = specials[torch.randint(0, len(specials), (len(where),), generator=generator)]
+        result = compare(tmp_path, expected, produced)
+        finite = expected.isfinite() & produced.isfinite()
+        if (expected.isfinite() & ~produced.isfinite()).any():
+            assert not result.correct and "NaN/Inf" in result.message, (expected, produced)
+            continue
+        close = bool(torch.isclose(produced.double(), expected.double(), rtol=1e-4, atol=1e-4, equal_nan=True).all())
+        assert result.correct == close, (expected, produced, result.message)
+        if finite.any():
+            diff = (produced.double() - expected.double()).abs()[finite]
+            assert result.max_abs_error == pytest.approx(float(diff.max()), abs=1e-12), (expected, produced)
