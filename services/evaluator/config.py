@@ -94,11 +94,12 @@ class Settings(BaseSettings):
         1000, ge=1, description="Jobs kept for GET /evaluations/{id}; finished ones are evicted first."
     )
     message_chars: int = Field(4000, ge=200, description="Longest `message` in a result.")
-    min_sample_ms: float = Field(
-        5.0,
+    min_sample_ms: float | None = Field(
+        None,
         gt=0,
         description="A timed sample (a block of calls the judge times from outside) lasts at least this long; "
-        "longer samples leave a false report less room.",
+        "longer samples leave a false report less room. Default 5 on a CPU (the judge's clock is CPU time) and 20 on "
+        "a GPU, where the judge's clock is the wall time around the block and a loaded host's jitter is milliseconds.",
     )
     reference_cache_size: int = Field(
         32, ge=0, description="Reference outputs kept per (reference, seed, trials, device)."

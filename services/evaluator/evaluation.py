@@ -71,6 +71,11 @@ BLOCK_MEMORY_SHARE = 8
 # Most calls in one timed block, and the longest a block grows to (by the judge's clock).
 MAX_BLOCK_CALLS = 10_000
 MAX_BLOCK_S = 0.25
+# How long a timed block of the reference lasts at least, by default (EVALUATOR_MIN_SAMPLE_MS). On a GPU the judge's
+# clock is the wall time around the block, and with 16 evaluations on the host its jitter is milliseconds: 5 ms
+# blocks leave the clock too little resolution, and each round of longer blocks that follows costs a round.
+MIN_SAMPLE_MS_CPU = 5.0
+MIN_SAMPLE_MS_GPU = 20.0
 # Fewest timed blocks (samples) a round has where `timing_trials` allows: the judge's rank tests need about 10 a side
 # to fire at all, and a burst of load should move only a few of them.
 MIN_TIMED_BLOCKS = 20
@@ -571,11 +576,13 @@ class Judge:
                 await self._profile(timer)
             calls = await self._warm_up(candidate, timer)
             previous_share, chosen = math.inf, None
+            rounds: list[str] = []
             for round_index in range(TIMING_ROUNDS):
                 round_started = time.monotonic()
                 blocks = await self._timed_blocks(candidate, timer, calls)
                 round_s = time.monotonic() - round_started
                 share = room_share(blocks)
+                rounds.append(f"{len(blocks['candidate'])}x{calls} calls {round_s:.1f} s room {share:.2f}")
                 timing = judge_timing(blocks, self.reference, ready, self.request, kernels, share)
                 if "implausible_timing" not in timing.flags and (chosen is None or share < chosen[0]):
                     # The round the judge's clock resolved best counts: longer blocks can be noisier on a loaded CPU.
@@ -591,7 +598,19 @@ class Judge:
                 # honest candidate on a loaded machine into a timeout.
                 next_round_s = round_s * self._block_count(grown) * grown / (self._block_count(calls) * calls)
                 fits = time.monotonic() + next_round_s + round_s * 0.5 < self.deadline
-                if share > MAX_ROOM_SHARE and calls < longest and share < previous_share * 2 / 3 and fits:
+                # The room is mostly the judge's own noise, which longer blocks do not lengthen: where even the
+                # longest blocks allowed would leave it well beyond the candidate's time (1.5 times: the estimate is
+                # rough), they would credit no more speed than this round does (unverified_timing either way), and
+                # a round is not spent on them. On a GPU host under load, second rounds went from a room of 6.45 to
+                # 5.55 and from 3695 to 54 this way.
+                can_resolve = share * calls / grown < 1.5
+                if (
+                    share > MAX_ROOM_SHARE
+                    and calls < longest
+                    and share < previous_share * 2 / 3
+                    and fits
+                    and can_resolve
+                ):
                     # The judge's clock cannot yet tell the candidate's blocks from its own noise: longer blocks,
                     # as long as they help (noise that grows with the block, a loaded CPU's, does not shrink).
                     calls = grown
@@ -599,6 +618,8 @@ class Judge:
                     # A burst of load can hit most blocks of one round; a false report is seen in every round.
                     break
                 previous_share = share
+            # Where a timing's time went: its rounds, the blocks and calls of each, and how well the clock resolved it.
+            log.info("timing rounds: %s", "; ".join(rounds))
             await self._recheck(candidate)
             await timer.send({"op": "exit"})
         self.run_state.phases["timing"] = time.monotonic() - timing_started
@@ -612,7 +633,10 @@ class Judge:
         # Both sides run blocks of the same calls, sized from the reference's (trusted) time, so the time the
         # judge sees beyond the reported times has the same parts on both sides (the pipe, the refills).
         per_call_ms = max(1e-4, min(reference_warm.ms))  # the first calls are cold
-        return max(1, min(self.max_block_calls, math.ceil(self.settings.min_sample_ms / per_call_ms)))
+        min_sample_ms = self.settings.min_sample_ms or (
+            MIN_SAMPLE_MS_GPU if self.gpu is not None else MIN_SAMPLE_MS_CPU
+        )
+        return max(1, min(self.max_block_calls, math.ceil(min_sample_ms / per_call_ms)))
 
     def _longest_block_calls(self, blocks: dict[str, list[Block]], calls: int) -> int:
         """Most calls a block may grow to: within max_block_calls, and lasting at most MAX_BLOCK_S on either side

@@ -240,16 +240,42 @@ def _remove_stale_work_dirs(parent: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-async def _watch_memory(worker: Worker, limit_mb: int, period_s: float = 0.5) -> None:
-    """Kill a job whose processes together hold more than `limit_mb` resident: the memory limit of workers
-    without RLIMIT_AS (CUDA maps far more virtual memory than it uses), and a backstop for the others."""
-    while worker.proc.returncode is None:
-        rss = await asyncio.to_thread(sandbox.resident_bytes, worker.uid, worker.proc.pid)
-        if rss > limit_mb << 20:
-            worker.killed_for = f"using more than {limit_mb} MB of resident memory"
-            await asyncio.to_thread(sandbox.kill_all, worker.uid, worker.proc.pid, worker.signaller)
-            return
-        await asyncio.sleep(period_s)
+class MemoryWatch:
+    """Kills a job whose processes together hold more than `limit_mb` resident: the memory limit of workers without
+    RLIMIT_AS (CUDA maps far more virtual memory than it uses), and a backstop for the others. One scan of /proc
+    per period serves every watched job: with a scan per job, 16 evaluations on a GPU host kept the service's
+    interpreter busy with little else."""
+
+    def __init__(self, limit_mb: int, period_s: float = 0.5) -> None:
+        self.limit_mb, self.period_s = limit_mb, period_s
+        self.workers: set[Worker] = set()
+        self.task: asyncio.Task[None] | None = None
+
+    def watch(self, worker: Worker) -> None:
+        self.workers.add(worker)
+        if self.task is None:
+            self.task = asyncio.create_task(self._run())
+
+    def forget(self, worker: Worker) -> None:
+        self.workers.discard(worker)
+
+    async def _run(self) -> None:
+        while self.workers:
+            for worker in await asyncio.to_thread(self._over_limit, list(self.workers)):
+                worker.killed_for = f"using more than {self.limit_mb} MB of resident memory"
+                self.workers.discard(worker)
+                await asyncio.to_thread(sandbox.kill_all, worker.uid, worker.proc.pid, worker.signaller)
+            await asyncio.sleep(self.period_s)
+        self.task = None  # no await since the check: a worker watched from now on starts a new task
+
+    def _over_limit(self, workers: list[Worker]) -> list[Worker]:
+        table = sandbox.process_table()
+        return [
+            worker
+            for worker in workers
+            if worker.proc.returncode is None
+            and sandbox.resident_bytes(worker.uid, worker.proc.pid, table) > self.limit_mb << 20
+        ]
 
 
 class WorkerPool:
@@ -280,6 +306,7 @@ class WorkerPool:
         self.gpu_locks = {gpu: asyncio.Lock() for gpu in self.gpus}
         self._builds = asyncio.Semaphore(settings.build_workers)
         self._pch_build = _start_pch_build(settings.cache_dir)
+        self.memory_watch = MemoryWatch(settings.memory_limit_mb)
 
     def placement(self, device: str) -> str | None:
         """The GPU an evaluation's workers share (round robin), None on CPU."""
@@ -325,11 +352,11 @@ class WorkerPool:
         replace it."""
         worker = await self._take(device, gpu)
         self._active.add(worker)
-        watchdog = asyncio.create_task(_watch_memory(worker, self.settings.memory_limit_mb))
+        self.memory_watch.watch(worker)
         try:
             yield worker
         finally:
-            watchdog.cancel()
+            self.memory_watch.forget(worker)
             self._active.discard(worker)
             await self._dispose(worker)
 
@@ -450,8 +477,9 @@ class WorkerPool:
             self.uids.release(worker.uid)
 
     async def close(self) -> None:
-        for task in list(self._refill):
-            task.cancel()
+        for task in [*self._refill, self.memory_watch.task]:
+            if task is not None:
+                task.cancel()
         workers = [w for idle in self._idle.values() for w in idle] + list(self._active)
         self._idle.clear()
         for worker in workers:

@@ -6,37 +6,44 @@ import asyncio
 import os
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from services.evaluator.config import Settings
-from services.evaluator.pool import QueueFullError, WorkerPool, _watch_memory
+from services.evaluator.pool import MemoryWatch, QueueFullError, WorkerPool
 
 # Touches every page, so the memory is resident, then waits to be killed.
 HOG = "import time\nblock = bytearray(300 << 20)\nfor i in range(0, len(block), 4096):\n    block[i] = 1\ntime.sleep(60)\n"
 
 
-def test_memory_watchdog_kills_a_job_over_its_limit() -> None:
-    async def run() -> tuple[SimpleNamespace, int]:
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", HOG, start_new_session=True)
-        job = SimpleNamespace(proc=proc, uid=None, signaller=None, killed_for=None)
-        await asyncio.wait_for(_watch_memory(job, limit_mb=100, period_s=0.1), 30)  # type: ignore[arg-type]
-        return job, await asyncio.wait_for(proc.wait(), 10)
+class WatchedJob:
+    """What the memory watch reads of a worker (hashable: the watch keeps a set)."""
 
-    job, returncode = asyncio.run(run())
-    assert job.killed_for == "using more than 100 MB of resident memory" and returncode < 0
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc, self.uid, self.signaller, self.killed_for = proc, None, None, None
 
 
-def test_memory_watchdog_leaves_a_small_job_alone() -> None:
-    async def run() -> SimpleNamespace:
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", "import time; time.sleep(1)")
-        job = SimpleNamespace(proc=proc, uid=None, signaller=None, killed_for=None)
-        await asyncio.wait_for(_watch_memory(job, limit_mb=1000, period_s=0.1), 30)  # type: ignore[arg-type]
-        return job
+def test_one_memory_watch_kills_the_job_over_its_limit_and_leaves_the_others() -> None:
+    async def run() -> tuple[WatchedJob, WatchedJob, int]:
+        watch = MemoryWatch(limit_mb=100, period_s=0.1)
+        hog_proc = await asyncio.create_subprocess_exec(sys.executable, "-c", HOG, start_new_session=True)
+        small_proc = await asyncio.create_subprocess_exec(sys.executable, "-c", "import time; time.sleep(60)")
+        hog, small = WatchedJob(hog_proc), WatchedJob(small_proc)
+        watch.watch(small)  # type: ignore[arg-type]
+        watch.watch(hog)  # type: ignore[arg-type]
+        returncode = await asyncio.wait_for(hog_proc.wait(), 30)
+        await asyncio.sleep(0.5)  # more periods: the small job stays
+        assert small_proc.returncode is None and hog not in watch.workers and small in watch.workers
+        watch.forget(small)  # type: ignore[arg-type]
+        small_proc.kill()
+        await small_proc.wait()
+        await asyncio.sleep(0.3)
+        assert watch.task is None, "the watch stops once it watches nothing"
+        return hog, small, returncode
 
-    job = asyncio.run(run())
-    assert job.killed_for is None and job.proc.returncode == 0
+    hog, small, returncode = asyncio.run(run())
+    assert hog.killed_for == "using more than 100 MB of resident memory" and returncode < 0
+    assert small.killed_for is None
 
 
 def test_slots_bound_running_and_queued_evaluations(tmp_path: Path) -> None:
