@@ -673,6 +673,10 @@ class UidSignaller:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
+            # Out of the service's process group: a Ctrl-C or a group-wide SIGTERM that stops the service must not
+            # end the helper first, while evaluations still stop and kill their jobs through it (each then ended
+            # evaluator_error with a traceback). It exits at EOF, whenever the service is gone.
+            start_new_session=True,
         )
 
     def signal(self, uid: int, signum: int) -> None:

@@ -147,6 +147,39 @@ def test_the_signaller_refuses_what_the_service_never_sends(signaller: UidSignal
         signaller.signal(0, signal.SIGKILL)
 
 
+# A stand-in service: its own signaller, then, on the SIGTERM its whole process group gets (a Ctrl-C, a launcher
+# stopping it), one more signal through the helper, as an evaluation still running at shutdown sends.
+SERVICE_AT_SHUTDOWN = """
+import signal, sys, time
+from services.evaluator.sandbox import UidSignaller
+signaller = UidSignaller(int(sys.argv[1]))
+def shut_down(signum, frame):
+    time.sleep(0.5)  # the group's signal has reached every member by now
+    try:
+        signaller.signal(int(sys.argv[2]), signal.SIGCONT)
+        print("sent", flush=True)
+    except RuntimeError as error:
+        print(error, flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, shut_down)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_signaller_outlives_a_signal_to_the_services_process_group() -> None:
+    service = subprocess.Popen(
+        [sys.executable, "-c", SERVICE_AT_SHUTDOWN, str(sandbox_uid_base() + 4005), str(sandbox_uid_base() + 4006)],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert service.stdout is not None and service.stdout.readline() == b"ready\n"
+    os.killpg(service.pid, signal.SIGTERM)
+    assert service.stdout.readline() == b"sent\n"
+    assert service.wait(timeout=10) == 0
+
+
 def stat_fields(pid: int) -> list[bytes]:
     with open(f"/proc/{pid}/stat", "rb") as handle:
         return handle.read().rsplit(b")", 1)[1].split()
