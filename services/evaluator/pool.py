@@ -261,10 +261,14 @@ class MemoryWatch:
 
     async def _run(self) -> None:
         while self.workers:
-            for worker in await asyncio.to_thread(self._over_limit, list(self.workers)):
-                worker.killed_for = f"using more than {self.limit_mb} MB of resident memory"
-                self.workers.discard(worker)
-                await asyncio.to_thread(sandbox.kill_all, worker.uid, worker.proc.pid, worker.signaller)
+            try:
+                for worker in await asyncio.to_thread(self._over_limit, list(self.workers)):
+                    worker.killed_for = f"using more than {self.limit_mb} MB of resident memory"
+                    self.workers.discard(worker)
+                    await asyncio.to_thread(sandbox.kill_all, worker.uid, worker.proc.pid, worker.signaller)
+            except Exception:
+                # One watch serves every job: a failed period must not end the memory limit of all of them.
+                log.exception("the memory watch failed; it goes on")
             await asyncio.sleep(self.period_s)
         self.task = None  # no await since the check: a worker watched from now on starts a new task
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from services.evaluator import sandbox
 from services.evaluator.config import Settings
 from services.evaluator.pool import MemoryWatch, QueueFullError, WorkerPool
 
@@ -85,3 +86,25 @@ def test_work_dirs_of_dead_evaluators_are_removed(tmp_path: Path) -> None:
         await pool.close()
 
     asyncio.run(run())
+
+
+def test_the_memory_watch_goes_on_after_a_failed_period(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_table, calls = sandbox.process_table, []
+
+    def failing_once() -> dict[int, tuple[int, set[int]]]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("a failed read of /proc")
+        return real_table()
+
+    monkeypatch.setattr(sandbox, "process_table", failing_once)
+
+    async def run() -> tuple[WatchedJob, int]:
+        watch = MemoryWatch(limit_mb=100, period_s=0.1)
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", HOG, start_new_session=True)
+        hog = WatchedJob(proc)
+        watch.watch(hog)  # type: ignore[arg-type]
+        return hog, await asyncio.wait_for(proc.wait(), 30)
+
+    hog, returncode = asyncio.run(run())
+    assert len(calls) > 1 and hog.killed_for is not None and returncode < 0
