@@ -60,7 +60,7 @@ class EvaluateRequest(BaseModel):
         100,
         ge=0,
         le=10_000,
-        description="Timed calls of each model at least, in at least 20 samples (blocks of calls) where there are that "
+        description="Timed calls of each model at least, in at least 50 samples (blocks of calls) where there are that "
         "many calls; 0 skips timing.",
     )
     warmup_trials: int = Field(5, ge=0, le=1_000, description="Untimed calls before timing.")
