@@ -68,7 +68,7 @@ TIMING_ROUNDS = 3
 MAX_ROOM_SHARE = 0.25
 # The input sets and outputs a worker holds for one timed block take at most 1/this of its memory limit.
 BLOCK_MEMORY_SHARE = 8
-# Most calls in one timed block, and the longest a block grows to (by the judge's clock).
+# Most calls in one timed block, and the longest a block grows to (by the wall clock, its drawing and digest included).
 MAX_BLOCK_CALLS = 10_000
 MAX_BLOCK_S = 0.25
 # How long a timed block of the reference lasts at least, by default (EVALUATOR_MIN_SAMPLE_MS). On a GPU the judge's
