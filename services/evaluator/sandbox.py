@@ -644,12 +644,30 @@ def kill_all(uid: int | None, root_pid: int, signaller: UidSignaller | None = No
 def resident_bytes(uid: int | None, root_pid: int, table: dict[int, tuple[int, set[int]]] | None = None) -> int:
     """Resident memory of a job: its worker, the worker's children and, in strict isolation, its uid's processes
     (`table`: a process_table the caller has already read)."""
-    total = 0
-    for pid in job_pids(uid, [root_pid], table):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            with open(f"/proc/{pid}/statm", "rb") as handle:
-                total += int(handle.read().split()[1]) * PAGE_BYTES
-    return total
+    return sum(_resident_pages(pid) for pid in job_pids(uid, [root_pid], table)) * PAGE_BYTES
+
+
+def _resident_pages(pid: int) -> int:
+    """A process's resident pages. /proc/<pid>/statm reads them through the main thread: one that ended alone (the
+    exit syscall, not exit_group) while other threads hold the memory shows none there, so a process that shows
+    none is read through its other threads (one address space: the first that shows any)."""
+    pages = _statm_resident(f"/proc/{pid}/statm")
+    if pages:
+        return pages
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            pages = _statm_resident(f"/proc/{pid}/task/{tid}/statm")
+            if pages:
+                return pages
+    return 0
+
+
+def _statm_resident(path: str) -> int:
+    try:
+        with open(path, "rb") as handle:
+            return int(handle.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0  # exited meanwhile
 
 
 def _alive(proc: psutil.Process) -> bool:

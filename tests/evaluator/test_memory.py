@@ -64,3 +64,48 @@ def test_five_large_trials_fit_a_small_memory_limit(small_memory_client: httpx.C
     )
     assert result["status"] == "correct", result["message"]
     assert result["max_abs_error"] == 0.0
+
+
+# Each helper holds its memory in a thread, then ends its main thread alone (the exit syscall, not exit_group): the
+# process lives on, but /proc/<pid>/statm, read through the exited main thread, shows no memory at all.
+HELPER_HOLDING_MEMORY = """
+import ctypes, platform, sys, threading, time
+SYS_EXIT = {"x86_64": 60, "aarch64": 93}[platform.machine()]
+def hold():
+    time.sleep(0.5)  # the main thread has ended by now: the memory never shows through it
+    kept = b"k" * (HOLD_MB << 20)  # written: resident
+    print("held", flush=True)
+    time.sleep(120)
+threading.Thread(target=hold).start()
+ctypes.CDLL(None).syscall(SYS_EXIT, 0)
+"""
+
+HIDDEN_HELPERS_CANDIDATE = f"""
+import subprocess, sys, time
+import torch.nn as nn
+
+HELPER = {HELPER_HOLDING_MEMORY!r}
+helpers = []
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        if not helpers:
+            for _ in range(2):
+                code = "HOLD_MB = 1100" + HELPER
+                helpers.append(subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE))
+            for helper in helpers:
+                helper.stdout.readline()
+            time.sleep(3)  # the watch looks twice a second
+        return x * 2.0
+"""
+
+SMALL_REFERENCE = LARGE_REFERENCE.replace("48 * 1024 * 1024", "1024")
+
+
+def test_memory_of_helpers_whose_main_thread_exited_counts(small_memory_client: httpx.Client) -> None:
+    """Two helpers of 1100 MB each, past the 2048 MB limit together, their main threads gone: the watch reads their
+    memory through a thread still running, and the job is killed."""
+    result = evaluate(small_memory_client, HIDDEN_HELPERS_CANDIDATE, SMALL_REFERENCE, timeout_s=120)
+    assert result["status"] != "correct", result
+    assert "resident memory" in result["message"], result["message"]
