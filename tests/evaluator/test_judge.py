@@ -305,9 +305,12 @@ for _obj in gc.get_objects():
 # same inputs and computes every output of the block into memory shared with the worker while the worker draws;
 # the helper then forks its successor and exits before the reply, taking its CPU time with it (the kernel reaps
 # it). Each timed call does a quarter of the work (so the judge's clock resolves it) and returns the helper's
-# answer for its inputs; the correctness run and the re-check are computed.
+# answer for its inputs; the correctness run and the re-check are computed. `_OFFLOADED` of every 20 blocks do this,
+# the others are honest: just over half sets the median of the samples, and so the speedup.
 DRAW_OFFLOAD = """
 import collections, mmap, os, select, signal
+_OFFLOADED = {offloaded}
+_BLOCKS = []
 import torch
 import services.evaluator.runner as _runner
 _runner._replaced = lambda guard: []
@@ -338,6 +341,10 @@ def _helper(sets):
 _draw_all = _runner.InputSets.draw_all
 
 def _offloaded_draw(self, seeds):
+    _BLOCKS.append(len(_BLOCKS))
+    if _BLOCKS[-1] % 20 >= _OFFLOADED:
+        _READY.clear()
+        return _draw_all(self, seeds)
     if not _SCALE[1:]:
         _SCALE.append("helper started")
         if os.fork() == 0:
@@ -457,10 +464,22 @@ def test_an_output_forged_within_the_tolerance_is_caught_on_the_cpu(any_client: 
 
 def test_answers_computed_by_helpers_while_the_inputs_are_drawn_are_seen(any_client: httpx.Client) -> None:
     """The helper's CPU time leaves with it; the wall time of the draw does not."""
-    result = evaluate(any_client, DRAW_OFFLOAD, sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240)
+    candidate = DRAW_OFFLOAD.format(offloaded=20)
+    result = evaluate(any_client, candidate, sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240)
     assert result["status"] == "rejected" and "implausible_timing" in result["flags"], result
     assert "drawing the inputs" in result["message"], result["message"]
     assert_still_correct(any_client)
+
+
+def test_answers_computed_while_the_inputs_are_drawn_in_just_over_half_of_few_blocks_are_seen(
+    any_client: httpx.Client,
+) -> None:
+    """11 of 20 blocks: the median is theirs, but the ranks of all pairs are not (z of about 2.96 against 3.09); it
+    scored correct at 4-18x in 7 of 9 runs. The slowest draws of both sides are the candidate's, 11 in a row."""
+    candidate = DRAW_OFFLOAD.format(offloaded=11)
+    result = evaluate(any_client, candidate, sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240)
+    assert result["status"] == "rejected" and "implausible_timing" in result["flags"], result
+    assert "drawing the inputs" in result["message"], result["message"]
 
 
 def test_a_swapped_inputs_directory_never_makes_the_service_write_elsewhere(any_client: httpx.Client, tmp_path) -> None:  # noqa: ANN001
