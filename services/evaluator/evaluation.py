@@ -982,17 +982,38 @@ class Judge:
 
 
 def hides_work(reference: list[Block], candidate: list[Block]) -> str:
-    """Where the candidate's blocks leave more time unexplained by their report than the reference's do, beyond
-    chance and beyond the slack (_slower_beyond_chance).
+    """What the judge saw where the candidate's blocks leave more time unexplained by their report than the
+    reference's do, beyond chance and beyond the slack (_slower_beyond_chance), by the judge's clock or by the wall
+    clock; or "".
 
-    Both sides run the same calls on the same buffers, so what the judge's clock sees beyond the reported times
-    (the pipe, refills, being scheduled) has one distribution on both sides; load moves single blocks, not the
-    ranks of all of them. The test that saw it (_slower_beyond_chance), or ""."""
-    block_s = statistics.median(b.clocked_s for b in candidate)
-    slack = UNEXPLAINED_SHARE * block_s + UNEXPLAINED_SLACK_S
-    return _slower_beyond_chance(
-        [b.unexplained_s for b in candidate], [b.unexplained_s for b in reference], slack, block_s
-    )
+    Both sides run the same calls on the same buffers, so what the clocks see beyond the reported times (the pipe,
+    refills, being scheduled) has one distribution on both sides; load moves single blocks, not the ranks of all of
+    them. On a CPU the judge's clock is CPU time, which a helper process that exits before the reply takes with it:
+    a red-team candidate whose helpers computed its outputs after each timed call returned (its main thread asleep
+    meanwhile) left the CPU clock nothing to see and scored correct at 1.9-8.8x; the block's wall time sees that
+    (on a GPU the two clocks are one)."""
+    for clock, ours, theirs, block_s in (
+        (
+            "the judge's clock",
+            [b.unexplained_s for b in candidate],
+            [b.unexplained_s for b in reference],
+            statistics.median(b.clocked_s for b in candidate),
+        ),
+        (
+            "the wall clock",
+            [b.wall_s - sum(b.ms) / 1e3 for b in candidate],
+            [b.wall_s - sum(b.ms) / 1e3 for b in reference],
+            statistics.median(b.wall_s for b in candidate),
+        ),
+    ):
+        seen = _slower_beyond_chance(ours, theirs, UNEXPLAINED_SHARE * block_s + UNEXPLAINED_SLACK_S, block_s)
+        if seen:
+            return (
+                f"{clock} leaves {statistics.median(ours) * 1e3:.3f} ms per block (median) unexplained by the "
+                f"candidate's reported times, against {statistics.median(theirs) * 1e3:.3f} ms for the reference, "
+                f"{seen}: work off the timed stream, or a false report"
+            )
+    return ""
 
 
 def slower_outside_calls(reference: list[Block], candidate: list[Block]) -> str:
@@ -1142,12 +1163,7 @@ def judge_timing(
         elif moved := slower_outside_calls(ref_blocks, cand_blocks):
             flags["implausible_timing"] = moved
         elif hidden := hides_work(ref_blocks, cand_blocks):
-            flags["implausible_timing"] = (
-                f"the judge's clock leaves {statistics.median(b.unexplained_s for b in cand_blocks) * 1e3:.3f} ms "
-                "per block (median) unexplained by the candidate's reported times, against "
-                f"{statistics.median(b.unexplained_s for b in ref_blocks) * 1e3:.3f} ms for the reference, "
-                f"{hidden}: work off the timed stream, or a false report"
-            )
+            flags["implausible_timing"] = hidden
     candidate_ms = [b.per_call_ms for b in cand_blocks]
     ref_ms = [b.per_call_ms for b in ref_blocks]
     if ref_blocks and cand_blocks and "implausible_timing" not in flags:

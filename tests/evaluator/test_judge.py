@@ -378,6 +378,77 @@ class ModelNew(torch.nn.Module):
         return torch.relu(_f(x)) * self.scale
 """
 
+# A red-team candidate: in every other timed call, `forward` copies its input into shared memory and returns a shared
+# output buffer at once (the reported time is ~0.1 ms); a profile hook fires when the runner's `time_call` returns,
+# after the time is taken, and has a helper process compute that output while the main thread sleeps. The helper forks
+# its successor and exits before the block's reply, taking its CPU time with it, so the judge's CPU clock sees almost
+# nothing beyond the report; the block's wall time does. Correct at 1.9-8.8x in 9 of 9 runs on the CPU clock alone.
+AFTER_CALL_HELPERS = """
+import mmap, os, select, signal, sys
+import torch
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+_IN = torch.frombuffer(mmap.mmap(-1, 512 * 512 * 4), dtype=torch.float32).view(512, 512)
+_SLOTS = 64
+_OUT = torch.frombuffer(mmap.mmap(-1, _SLOTS * 512 * 512 * 4), dtype=torch.float32).view(_SLOTS, 512, 512)
+_GO_R, _GO_W = os.pipe()
+_DONE_R, _DONE_W = os.pipe()
+_STATE = {"calls": 0, "slot": 0}
+
+def _f(x):
+    for _ in range(10):
+        x = torch.sin(x) + x * 0.5
+    return x
+
+def _helper(scale):
+    torch.set_num_threads(1)
+    slot = int.from_bytes(os.read(_GO_R, 4), "little")
+    torch.mul(torch.relu(_f(_IN)), scale, out=_OUT[slot])
+    if os.fork() == 0:
+        _helper(scale)
+    os.write(_DONE_W, os.getpid().to_bytes(4, "little"))
+    os._exit(0)
+
+def _after_the_timed_call(slot):
+    def hook(frame, event, arg):
+        if event == "return" and frame.f_code.co_name == "time_call":
+            sys.setprofile(None)
+            os.write(_GO_W, slot.to_bytes(4, "little"))
+            pid = int.from_bytes(os.read(_DONE_R, 4), "little")
+            if os.path.exists(f"/proc/{pid}"):
+                helper = os.pidfd_open(pid)
+                select.select([helper], [], [])  # readable once it is gone, and its CPU time with it
+                os.close(helper)
+    return hook
+
+def _timed():
+    frame = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "time_call":
+            return True
+        frame = frame.f_back
+    return False
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+        if os.fork() == 0:
+            _helper(scale)
+
+    def forward(self, x):
+        if _timed():
+            _STATE["calls"] += 1
+            if _STATE["calls"] % 2:
+                slot = _STATE["slot"]
+                _STATE["slot"] = (slot + 1) % _SLOTS
+                _IN.copy_(x)
+                sys.setprofile(_after_the_timed_call(slot))
+                return _OUT[slot]
+        return torch.relu(_f(x)) * self.scale
+"""
+
 SYMLINKED_OUTPUTS = sources.candidate(
     """
 import os
@@ -469,6 +540,13 @@ def test_answers_computed_by_helpers_while_the_inputs_are_drawn_are_seen(any_cli
     assert result["status"] == "rejected" and "implausible_timing" in result["flags"], result
     assert "drawing the inputs" in result["message"], result["message"]
     assert_still_correct(any_client)
+
+
+def test_outputs_computed_by_helpers_after_the_timed_call_returned_are_seen(any_client: httpx.Client) -> None:
+    """The helper's CPU time leaves with it (mostly: the judge's clock saw the work in some runs, in the block or in
+    the draw that follows); the block's wall time does not. Correct at 3.7x and 6.3x here before the wall clock."""
+    result = evaluate(any_client, AFTER_CALL_HELPERS, sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240)
+    assert result["status"] == "rejected" and "implausible_timing" in result["flags"], result
 
 
 def test_answers_computed_while_the_inputs_are_drawn_in_just_over_half_of_few_blocks_are_seen(

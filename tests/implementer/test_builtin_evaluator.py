@@ -20,7 +20,8 @@ from tests.implementer.conftest import service_env
 from tests.servers import run_service
 
 EXAMPLE = {t.name: t.example for t in TECHNIQUES}
-UNVERIFIED_RETRIES = 2
+# A 10x faster rewrite on 2 loaded cores ended unverified_timing in 3 of 8 timings (0 of 10 unloaded).
+UNVERIFIED_RETRIES = 4
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ def verdicts(
         assert reply.status == "ok" and reply.techniques == [case.technique], reply.message
         result = evaluate(evaluator, case.problem, reply.source or "")
         # Where the judge says its clock was too noisy to check a speedup (unverified_timing: it then credits
-        # none), the speed is measured again, at most twice. A rewrite that gains nothing still fails.
+        # none), the speed is measured again, at most four times. A rewrite that gains nothing still fails.
         for _ in range(UNVERIFIED_RETRIES if case.min_speedup is not None else 0):
             if "unverified_timing" not in result.flags:
                 break
