@@ -1022,61 +1022,30 @@ def slower_outside_calls(reference: list[Block], candidate: list[Block]) -> str:
     code there, so more time is work moved out of the timed calls: answers computed while the inputs were drawn, or
     only when the digest asked for them. On a CPU the judge's clock is CPU time, and a process that exits before the
     reply takes its CPU time with it; work done there still takes wall time (on a GPU the two clocks are one)."""
-    judge_block_s = statistics.median(b.clocked_s for b in candidate)
-    wall_block_s = statistics.median(b.wall_s for b in candidate)
-    for step, clock, block_s, ours, theirs in (
-        (
-            "drawing the inputs",
-            "the judge's clock",
-            judge_block_s,
-            [b.drawn_s for b in candidate],
-            [b.drawn_s for b in reference],
-        ),
-        (
-            "the output digest",
-            "the judge's clock",
-            judge_block_s,
-            [b.digest_s for b in candidate],
-            [b.digest_s for b in reference],
-        ),
-        (
-            "drawing the inputs",
-            "the wall clock",
-            wall_block_s,
-            [b.drawn_wall_s for b in candidate],
-            [b.drawn_wall_s for b in reference],
-        ),
-        (
-            "the output digest",
-            "the wall clock",
-            wall_block_s,
-            [b.digest_wall_s for b in candidate],
-            [b.digest_wall_s for b in reference],
-        ),
-        # Work moved into the draw in some blocks and into the digest in others, too few of either to see alone.
-        (
-            "drawing the inputs and the digest together",
-            "the judge's clock",
-            judge_block_s,
-            [b.drawn_s + b.digest_s for b in candidate],
-            [b.drawn_s + b.digest_s for b in reference],
-        ),
-        (
-            "drawing the inputs and the digest together",
-            "the wall clock",
-            wall_block_s,
-            [b.drawn_wall_s + b.digest_wall_s for b in candidate],
-            [b.drawn_wall_s + b.digest_wall_s for b in reference],
-        ),
+    # Each step by each clock (Block's fields: drawn_s, drawn_wall_s, ...), and the draw and the digest together:
+    # work moved into the draw in some blocks and into the digest in others, too few of either to see alone.
+    steps = (
+        ("drawing the inputs", ("drawn",)),
+        ("the output digest", ("digest",)),
+        ("drawing the inputs and the digest together", ("drawn", "digest")),
+    )
+    for clock, suffix, block_field in (
+        ("the judge's clock", "_s", "clocked_s"),
+        ("the wall clock", "_wall_s", "wall_s"),
     ):
-        slack = UNEXPLAINED_SHARE * statistics.median(ours) + UNEXPLAINED_SLACK_S
-        seen = _slower_beyond_chance(ours, theirs, slack, block_s)
-        if seen:
-            return (
-                f"{step} took {statistics.median(ours) * 1e3:.3f} ms per block (median) by {clock} against "
-                f"{statistics.median(theirs) * 1e3:.3f} ms for the reference, {seen}: work moved out of the timed "
-                "calls"
+        block_s = statistics.median(getattr(b, block_field) for b in candidate)
+        for step, parts in steps:
+            ours, theirs = (
+                [sum(getattr(b, part + suffix) for part in parts) for b in side] for side in (candidate, reference)
             )
+            slack = UNEXPLAINED_SHARE * statistics.median(ours) + UNEXPLAINED_SLACK_S
+            seen = _slower_beyond_chance(ours, theirs, slack, block_s)
+            if seen:
+                return (
+                    f"{step} took {statistics.median(ours) * 1e3:.3f} ms per block (median) by {clock} against "
+                    f"{statistics.median(theirs) * 1e3:.3f} ms for the reference, {seen}: work moved out of the "
+                    "timed calls"
+                )
     return ""
 
 
