@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from services.evaluator.evaluation import MIN_TIMED_BLOCKS
 from tests.servers import REPO, free_port, stop, wait_healthy
 
 SERVE = re.compile(
@@ -81,7 +82,7 @@ def test_evaluate_example_against_the_evaluator_it_starts():
     assert result["status"] == "correct", f"{result['status']} {result['flags']} {result['message'][-1500:]}"
     timed = result["candidate_ms"]
     assert timed["n"] * timed["calls_per_sample"] >= body["timing_trials"] and timed["n"] >= min(
-        50, body["timing_trials"]
+        MIN_TIMED_BLOCKS, body["timing_trials"]
     ), result
     assert result["speedup"] is not None and result["speedup"] > 0, result
 
