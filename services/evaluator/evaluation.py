@@ -338,6 +338,11 @@ class Block:
         return self.clocked_s * (1 - sum(self.ms) / 1e3 / max(self.wall_s, 1e-9))
 
     @property
+    def unexplained_wall_s(self) -> float:
+        """The block's wall time less what the report explains (the judge's clock is this on a GPU)."""
+        return self.wall_s - sum(self.ms) / 1e3
+
+    @property
     def per_call_ms(self) -> float:
         return sum(self.ms) / len(self.ms)
 
@@ -1001,8 +1006,8 @@ def hides_work(reference: list[Block], candidate: list[Block]) -> str:
         ),
         (
             "the wall clock",
-            [b.wall_s - sum(b.ms) / 1e3 for b in candidate],
-            [b.wall_s - sum(b.ms) / 1e3 for b in reference],
+            [b.unexplained_wall_s for b in candidate],
+            [b.unexplained_wall_s for b in reference],
             statistics.median(b.wall_s for b in candidate),
         ),
     ):
@@ -1017,17 +1022,20 @@ def hides_work(reference: list[Block], candidate: list[Block]) -> str:
 
 
 def slower_outside_calls(reference: list[Block], candidate: list[Block]) -> str:
-    """Which step around the timed calls (drawing the inputs, the digest) took the candidate longer than the
+    """Which step around the timed calls (drawing the inputs, the digest, or those with the rest of the block) took the candidate longer than the
     reference beyond chance (_slower_beyond_chance), by the judge's clock or by the wall clock, or "". Both run the same
     code there, so more time is work moved out of the timed calls: answers computed while the inputs were drawn, or
     only when the digest asked for them. On a CPU the judge's clock is CPU time, and a process that exits before the
     reply takes its CPU time with it; work done there still takes wall time (on a GPU the two clocks are one)."""
-    # Each step by each clock (Block's fields: drawn_s, drawn_wall_s, ...), and the draw and the digest together:
-    # work moved into the draw in some blocks and into the digest in others, too few of either to see alone.
+    # Each step by each clock (Block's fields: drawn_s, drawn_wall_s, ...), then steps together: work moved into
+    # the draw in some blocks and into the digest, or past the end of the timed calls (hides_work), in others, too
+    # few blocks of each to see alone (a red-team candidate split 16 of 20 blocks between the draw and the time after
+    # its calls returned, 8 each, and scored correct at 1.3x and 3.0x).
     steps = (
         ("drawing the inputs", ("drawn",)),
         ("the output digest", ("digest",)),
         ("drawing the inputs and the digest together", ("drawn", "digest")),
+        ("all the time around the timed calls (drawing, the block, the digest)", ("drawn", "unexplained", "digest")),
     )
     for clock, suffix, block_field in (
         ("the judge's clock", "_s", "clocked_s"),
@@ -1038,8 +1046,10 @@ def slower_outside_calls(reference: list[Block], candidate: list[Block]) -> str:
             ours, theirs = (
                 [sum(getattr(b, part + suffix) for part in parts) for b in side] for side in (candidate, reference)
             )
-            slack = UNEXPLAINED_SHARE * statistics.median(ours) + UNEXPLAINED_SLACK_S
-            seen = _slower_beyond_chance(ours, theirs, slack, block_s)
+            # With the rest of the block in it, the slack is at least hides_work's (5 % of the block): an honest
+            # candidate's refills may cost it a little more than the reference's in every block.
+            scale = max(statistics.median(ours), block_s if "unexplained" in parts else 0.0)
+            seen = _slower_beyond_chance(ours, theirs, UNEXPLAINED_SHARE * scale + UNEXPLAINED_SLACK_S, block_s)
             if seen:
                 return (
                     f"{step} took {statistics.median(ours) * 1e3:.3f} ms per block (median) by {clock} against "

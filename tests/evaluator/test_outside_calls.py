@@ -10,15 +10,21 @@ from services.evaluator.evaluation import Block, slower_outside_calls
 
 
 def _blocks(
-    rng: random.Random, drawn_s: float, drawn_wall_s: float, digest_wall_s: float = 1e-3, count: int = 20
+    rng: random.Random,
+    drawn_s: float,
+    drawn_wall_s: float,
+    digest_wall_s: float = 1e-3,
+    count: int = 20,
+    wall_s: float = 8e-3,
 ) -> list[Block]:
-    """`count` blocks whose steps take the given seconds, each with 10 % noise."""
+    """`count` blocks whose steps take the given seconds, each with 10 % noise; 8 ms of reported calls each, in a
+    block of `wall_s` by the wall clock."""
     noisy = lambda s: s * rng.uniform(0.9, 1.1)  # noqa: E731
     return [
         Block(
             [1.0] * 8,
             clocked_s=8e-3,
-            wall_s=8e-3,
+            wall_s=wall_s,
             sketches=None,
             drawn_s=noisy(drawn_s),
             drawn_wall_s=noisy(drawn_wall_s),
@@ -104,3 +110,17 @@ def test_work_split_between_the_draw_and_the_digest_is_flagged():
     )
     found = slower_outside_calls(_blocks(rng, 2e-3, 2e-3), candidate)
     assert found.startswith("drawing the inputs and the digest together"), found
+
+
+def test_work_split_between_the_draw_and_the_time_after_the_calls_is_flagged():
+    """A red-team candidate: 8 of 20 blocks computed in the draw, 8 others after the timed calls returned (helpers
+    that exit before the reply: only the wall clock sees either), 4 honest. 8 of 20 at the top come by chance once in
+    600 for each test alone; 16 of all the time around the calls do not."""
+    rng = random.Random(9)
+    candidate = (
+        _blocks(rng, 2e-3, 20e-3, count=8)
+        + _blocks(rng, 2e-3, 2e-3, wall_s=28e-3, count=8)
+        + _blocks(rng, 2e-3, 2e-3, count=4)
+    )
+    found = slower_outside_calls(_blocks(rng, 2e-3, 2e-3), candidate)
+    assert found.startswith("all the time around the timed calls"), found
