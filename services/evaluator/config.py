@@ -68,7 +68,17 @@ class Settings(BaseSettings):
     )
     build_jobs: int = Field(default_factory=_cpu_count, ge=1, description="MAX_JOBS given to ninja per build.")
     default_timeout_s: float = Field(300.0, gt=0, le=3600, description="Wall-clock limit when a request sets none.")
-    memory_limit_mb: int = Field(6144, ge=1024, description="Address-space limit of a CPU worker (RLIMIT_AS).")
+    memory_limit_mb: int = Field(
+        6144,
+        ge=1024,
+        description="Memory of one worker's job: its address space on a CPU (RLIMIT_AS), its processes' resident "
+        "memory together, and where the job has a cgroup, every page the cgroup is charged (shared and file pages).",
+    )
+    job_cgroups: bool = Field(
+        True,
+        description="A cgroup per worker where the host lets the service make one (root, or a delegated cgroup v2 "
+        "subtree): the kernel limits the job's memory and counts its CPU time, exited helpers included.",
+    )
     max_processes: int = Field(128, ge=16, description="Processes+threads of one sandbox uid (RLIMIT_NPROC, strict).")
     max_file_mb: int = Field(2048, ge=1, description="Largest file a worker may write (RLIMIT_FSIZE).")
     isolation: Isolation | None = Field(

@@ -806,7 +806,8 @@ class Judge:
         On a GPU the clock is the wall time until the reply. On a CPU it is the CPU time every process of the job
         used meanwhile, per torch thread: the machine's load does not move it, so the work around the calls
         (drawing inputs, the digest) costs both sides the same, and a report can claim no less time than the CPU
-        work it did. A process of the job that exits meanwhile takes the time it used since with it (_cpu_used_s).
+        work it did. Where the job has no cgroup, a process of it that exits meanwhile takes the time it used since
+        with it (_jobs_clocks).
 
         `hold`: the worker's job stays stopped from its reply until the judge sends it the next command, so nothing
         it does between two commands of a block (computing the block's answers from the inputs it has just drawn)
@@ -870,7 +871,7 @@ class Judge:
     ) -> dict[int, float]:
         """Resume what _stop_and_clock stopped; the CPU clocks of its processes just before, checked (`check`)
         against those read at the stop."""
-        now = await asyncio.to_thread(_cpu_clocks, stopped)
+        now = await asyncio.to_thread(_jobs_clocks, workers, stopped)
         await asyncio.to_thread(_resume, workers, stopped)
         if check:
             self._check_stayed_stopped(at_stop, now)
@@ -1205,9 +1206,24 @@ def _hand_over(worker: Worker, reference: ReferenceData, trials: range) -> None:
 
 
 def _job_cpu_clocks(worker: Worker) -> dict[int, float]:
-    """CPU seconds used so far by each process of a worker's job, every thread counted (those that exited too),
-    read from the kernel's per-process CPU clocks."""
-    return _cpu_clocks(sandbox.job_pids(worker.uid, [worker.proc.pid]))
+    """CPU seconds used so far by a worker's job (as _jobs_clocks)."""
+    pids = [] if worker.cgroup is not None else sandbox.job_pids(worker.uid, [worker.proc.pid])
+    return _jobs_clocks([worker], pids)
+
+
+def _jobs_clocks(workers: list[Worker], pids: list[int]) -> dict[int, float]:
+    """CPU seconds used so far by the workers' jobs. Where every job has a cgroup (job_cgroup), one clock per job,
+    keyed by its worker's pid negated: the group's, which keeps the time of every process the job ran, those that
+    exited too. Otherwise the kernel's clock of each process of `pids` (those of the jobs): a process that exits
+    takes its time with it (_cpu_used_s)."""
+    cgroups = {worker.proc.pid: worker.cgroup for worker in workers if worker.cgroup is not None}
+    if not workers or len(cgroups) < len(workers):
+        return _cpu_clocks(pids)
+    clocks = {}
+    for pid, cgroup in cgroups.items():
+        with contextlib.suppress(OSError, ValueError):  # a worker already disposed of
+            clocks[-pid] = cgroup.cpu_s()
+    return clocks
 
 
 def _cpu_clocks(pids: list[int]) -> dict[int, float]:
@@ -1220,10 +1236,10 @@ def _cpu_clocks(pids: list[int]) -> dict[int, float]:
 
 
 def _cpu_used_s(before: dict[int, float], after: dict[int, float]) -> float:
-    """CPU seconds the job's processes used between two readings, per process: one that exited meanwhile takes
-    what it used since `before` with it, but never what it had used until then (a sum of totals would subtract
-    that, so a helper that burned CPU earlier and exits in a block would shorten the block's clock). A pid
-    reused meanwhile counts from 0 at worst."""
+    """CPU seconds the job used between two readings (_jobs_clocks), per clock: a process that exited meanwhile
+    (where the job has no cgroup) takes what it used since `before` with it, but never what it had used until then
+    (a sum of totals would subtract that, so a helper that burned CPU earlier and exits in a block would shorten
+    the block's clock). A pid reused meanwhile counts from 0 at worst."""
     return sum(max(0.0, seconds - before.get(pid, 0.0)) for pid, seconds in after.items())
 
 
@@ -1231,7 +1247,7 @@ def _stop_and_clock(*workers: Worker) -> tuple[list[int], dict[int, float]]:
     """Stop every process of the workers' jobs (SIGSTOP); the pids stopped and their CPU clocks (as
     _job_cpu_clocks), read once they are stopped."""
     stopped = _signal_jobs(list(workers), signal.SIGSTOP)
-    return stopped, _cpu_clocks(stopped)
+    return stopped, _jobs_clocks(list(workers), stopped)
 
 
 def _resume(workers: list[Worker], pids: list[int]) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.evaluator import build_cache, sandbox
+from services.evaluator import build_cache, job_cgroup, sandbox
 from services.evaluator.config import Settings
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,8 @@ class Worker:
     killed_for: str | None = None
     gpu: str | None = None
     cursor: int = 0
+    # The kernel's count of the job's memory and CPU, where the host gives the service cgroups (job_cgroup).
+    cgroup: job_cgroup.JobCgroup | None = None
 
     async def send(self, message: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
@@ -158,11 +160,23 @@ class Worker:
             timed_out = True
         await asyncio.to_thread(sandbox.kill_all, self.uid, self.proc.pid, self.signaller)
         await self.proc.wait()
+        self.note_out_of_memory()
         if self.reader is not None:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(self.reader), 2.0)
             self.reader.cancel()
         return WorkerOutcome(self.proc.returncode, timed_out, self._stdio_tail(), self.killed_for)
+
+    def note_out_of_memory(self) -> bool:
+        """Whether the kernel killed a process of the job at its cgroup's memory limit; if so, that is what the job
+        was killed for. Read again at the end: a helper killed there may leave the worker to answer."""
+        if self.cgroup is None or self.killed_for is not None:
+            return False
+        with contextlib.suppress(OSError, ValueError):
+            if self.cgroup.oom_kills():
+                self.killed_for = f"using more than {self.cgroup.memory_limit_mb} MB of memory (its cgroup's count)"
+                return True
+        return False
 
     def _stdio_tail(self) -> str:
         with contextlib.suppress(OSError), open(self.root / "stdio.log", "rb") as handle:
@@ -263,7 +277,6 @@ class MemoryWatch:
         while self.workers:
             try:
                 for worker in await asyncio.to_thread(self._over_limit, list(self.workers)):
-                    worker.killed_for = f"using more than {self.limit_mb} MB of resident memory"
                     self.workers.discard(worker)
                     await asyncio.to_thread(sandbox.kill_all, worker.uid, worker.proc.pid, worker.signaller)
             except Exception:
@@ -273,13 +286,20 @@ class MemoryWatch:
         self.task = None  # no await since the check: a worker watched from now on starts a new task
 
     def _over_limit(self, workers: list[Worker]) -> list[Worker]:
+        """Workers whose job holds more than the limit resident, or lost a process to its cgroup's limit (the
+        kernel killed only that process on a cgroup v1: the rest of the job goes too)."""
         table = sandbox.process_table()
-        return [
-            worker
-            for worker in workers
-            if worker.proc.returncode is None
-            and sandbox.resident_bytes(worker.uid, worker.proc.pid, table) > self.limit_mb << 20
-        ]
+        over = []
+        for worker in workers:
+            if worker.note_out_of_memory():
+                over.append(worker)
+            elif (
+                worker.proc.returncode is None
+                and sandbox.resident_bytes(worker.uid, worker.proc.pid, table) > self.limit_mb << 20
+            ):
+                worker.killed_for = f"using more than {self.limit_mb} MB of resident memory"
+                over.append(worker)
+        return over
 
 
 class WorkerPool:
@@ -311,6 +331,7 @@ class WorkerPool:
         self._builds = asyncio.Semaphore(settings.build_workers)
         self._pch_build = _start_pch_build(settings.cache_dir)
         self.memory_watch = MemoryWatch(settings.memory_limit_mb)
+        self.cgroups = job_cgroup.JobCgroups.create(settings.memory_limit_mb) if settings.job_cgroups else None
 
     def placement(self, device: str) -> str | None:
         """The GPU an evaluation's workers share (round robin), None on CPU."""
@@ -397,6 +418,14 @@ class WorkerPool:
             await self._dispose(worker)
             detail = event.get("message", "") if event else "no answer"
             raise WorkerStartError(f"worker did not start: {detail}"[-2000:])
+        if worker.cgroup is not None:
+            # Only the worker's own code has run so far: every process of the job must already be in its group.
+            pids = await asyncio.to_thread(sandbox.job_pids, worker.uid, [worker.proc.pid])
+            outside = set(pids) - await asyncio.to_thread(worker.cgroup.member_pids)
+            if outside:
+                self._active.discard(worker)
+                await self._dispose(worker)
+                raise WorkerStartError(f"worker processes {sorted(outside)} are not in the job's cgroup")
         if event.get("device_hash_unavailable") and not self._warned_device_hash:
             # Sent before any job's code ran in the worker. Sketches stay sound (the same hash, on the host), slower.
             self._warned_device_hash = True
@@ -417,6 +446,7 @@ class WorkerPool:
         root.mkdir(mode=0o711)
         home = sandbox.make_private_dir(root / "home", uid)
         limits_memory = getattr(get_backend(device), "limits_address_space", False)
+        cgroup = await asyncio.to_thread(self.cgroups.make, root.name) if self.cgroups is not None else None
         spec = sandbox.SandboxSpec(
             home=str(home),
             strict=self.strict,
@@ -425,6 +455,7 @@ class WorkerPool:
             max_processes=self.settings.max_processes,
             max_file_bytes=self.settings.max_file_mb << 20,
             keep_paths=(str(self.settings.cache_dir), str(REPO_ROOT)),
+            cgroup_procs=cgroup.procs_files if cgroup is not None else (),
         )
         threads = self.settings.threads_per_worker
         read_fd, write_fd = os.pipe()
@@ -458,7 +489,9 @@ class WorkerPool:
             # which _take does when the worker gets a job.
             with contextlib.suppress(OSError):
                 os.setpriority(os.PRIO_PROCESS, proc.pid, IDLE_NICE)
-        worker = Worker(proc=proc, device=device, root=root, home=home, uid=uid, gpu=gpu, signaller=self.signaller)
+        worker = Worker(
+            proc=proc, device=device, root=root, home=home, uid=uid, gpu=gpu, signaller=self.signaller, cgroup=cgroup
+        )
         loop = asyncio.get_running_loop()
         stream = asyncio.StreamReader(limit=MAX_EVENT_BYTES, loop=loop)
         await loop.connect_read_pipe(
@@ -477,6 +510,8 @@ class WorkerPool:
             if task is not None:
                 task.cancel()
         await asyncio.to_thread(shutil.rmtree, worker.root, True)
+        if worker.cgroup is not None and self.cgroups is not None:
+            await asyncio.to_thread(self.cgroups.release, worker.cgroup)
         if worker.uid is not None and self.uids is not None:
             self.uids.release(worker.uid)
 
@@ -494,6 +529,8 @@ class WorkerPool:
             self._pch_build.terminate()
         if self.signaller is not None:
             self.signaller.close()
+        if self.cgroups is not None:
+            self.cgroups.close()
 
 
 def _renice(worker: Worker, nice: int) -> None:

@@ -111,6 +111,8 @@ async def get_health(settings: SettingsDep, pool: WorkerPoolDep) -> HealthRespon
         version=service_version(),
         details={
             "isolation": "strict" if pool.strict else "process",
+            # "v1" or "v2" where each job has a cgroup (its memory limit and CPU clock by the kernel), else null.
+            "job_cgroups": None if pool.cgroups is None else ("v2" if pool.cgroups.v2 else "v1"),
             "devices": [name for name in BACKENDS if get_backend(name).available()],
             "workers": settings.workers,
             "running": pool.running,

@@ -1,6 +1,6 @@
-"""What a worker process gets: private directory, stripped environment, rlimits, and in `strict` isolation
-namespaces of its own (pid, IPC, mount, network), private world-writable directories, every other mount read-only
-and an unprivileged uid.
+"""What a worker process gets: private directory, stripped environment, rlimits, a cgroup where the host gives one
+(job_cgroup), and in `strict` isolation namespaces of its own (pid, IPC, mount, network), private world-writable
+directories, every other mount read-only and an unprivileged uid.
 
 `enter()` runs inside the child before any untrusted code; the rest runs in the service.
 
@@ -126,6 +126,8 @@ class SandboxSpec:
     max_file_bytes: int
     # Directories the worker must still reach after /tmp and unreadable parents (e.g. /root) are hidden.
     keep_paths: tuple[str, ...] = ()
+    # The job cgroup's `cgroup.procs` files (job_cgroup): the worker joins its group before anything else.
+    cgroup_procs: tuple[str, ...] = ()
 
     def to_arg(self) -> str:
         return json.dumps(asdict(self))
@@ -133,7 +135,13 @@ class SandboxSpec:
     @classmethod
     def from_arg(cls, text: str) -> SandboxSpec:
         fields = json.loads(text)
-        return cls(**{**fields, "keep_paths": tuple(fields.get("keep_paths", ()))})
+        return cls(
+            **{
+                **fields,
+                "keep_paths": tuple(fields.get("keep_paths", ())),
+                "cgroup_procs": tuple(fields.get("cgroup_procs", ())),
+            }
+        )
 
 
 def _libc() -> ctypes.CDLL:
@@ -360,6 +368,10 @@ def enter(spec: SandboxSpec) -> None:
 
     In strict isolation the process forks here: the caller stays outside as the relay and never returns; the
     worker goes on in the child (see the module docstring)."""
+    for procs in spec.cgroup_procs:
+        # First, as root: every process of the job is born in the group (the service checks it at `ready`).
+        with open(procs, "w") as handle:
+            handle.write(str(os.getpid()))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (spec.max_file_bytes, spec.max_file_bytes))
     if spec.memory_bytes is not None:

@@ -141,14 +141,16 @@ def _failure(run: CandidateRun) -> tuple[EvaluationStatus, str] | None:
         return None  # a flag ended the run early; it decides the verdict
     # Without compared outputs nothing was shown to be correct, whatever else the worker reported.
     timed_ok = run.timing is not None or not run.timing_started
-    if run.comparison is None or outcome is None or outcome.returncode != 0 or not timed_ok:
+    # A job the service killed (its memory, a resisted stop) fails even where its worker went on to answer.
+    killed = outcome is not None and outcome.killed_for is not None
+    if run.comparison is None or outcome is None or outcome.returncode != 0 or killed or not timed_ok:
         if run.comparison is not None:
             where = "while timing" if run.timing is None else "after timing"
         else:
             where = "while running" if run.compiled else "while importing/building ModelNew"
         if outcome is None:
             detail = "stopped answering"
-        elif outcome.returncode != 0:
+        elif outcome.returncode != 0 or killed:
             detail = outcome.describe_exit()
         else:
             detail = "exited without a result"

@@ -11,7 +11,7 @@ import pytest
 
 from services.evaluator import sandbox
 from services.evaluator.config import Settings
-from services.evaluator.pool import MemoryWatch, QueueFullError, WorkerPool
+from services.evaluator.pool import MemoryWatch, QueueFullError, Worker, WorkerPool
 
 # Touches every page, so the memory is resident, then waits to be killed.
 HOG = "import time\nblock = bytearray(300 << 20)\nfor i in range(0, len(block), 4096):\n    block[i] = 1\ntime.sleep(60)\n"
@@ -21,7 +21,9 @@ class WatchedJob:
     """What the memory watch reads of a worker (hashable: the watch keeps a set)."""
 
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc, self.uid, self.signaller, self.killed_for = proc, None, None, None
+        self.proc, self.uid, self.signaller, self.killed_for, self.cgroup = proc, None, None, None, None
+
+    note_out_of_memory = Worker.note_out_of_memory  # no cgroup: never
 
 
 def test_one_memory_watch_kills_the_job_over_its_limit_and_leaves_the_others() -> None:
