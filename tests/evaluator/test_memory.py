@@ -172,3 +172,45 @@ def test_memory_no_process_maps_counts_in_the_jobs_cgroup(small_memory_client: h
     result = evaluate(small_memory_client, UNMAPPED_MEMORY_CANDIDATES[hold], SMALL_REFERENCE, timeout_s=120)
     assert result["status"] == "crashed", result["message"]
     assert "MB of memory (its cgroup's count)" in result["message"], result["message"]
+
+
+# Kernel memory in no process's resident set and, on this kind of kernel, in no memory cgroup either: netlink receive
+# queues, filled 64 KB at a time to 2,560 MB against the 2,048 MB limit (a red-team candidate held 4 GiB so and scored
+# `correct`). The job's seccomp filter refuses the socket family.
+NETLINK_HOLDER = """
+import ctypes, socket
+import torch.nn as nn
+
+libc = ctypes.CDLL(None, use_errno=True)
+held = []
+
+
+def hold(megabytes):
+    sender = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 2)  # NETLINK_USERSOCK
+    sender.bind((0, 0))
+    held.append(sender)
+    chunk = ctypes.create_string_buffer(1 << 16)
+    total = 0
+    while total < megabytes << 20:
+        receiver = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 2)
+        receiver.bind((0, 0))
+        receiver.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        address = (ctypes.c_uint16 * 6)(socket.AF_NETLINK)  # sockaddr_nl: family, pad, then the port id
+        ctypes.memmove(ctypes.byref(address, 4), ctypes.byref(ctypes.c_uint32(receiver.getsockname()[0])), 4)
+        while libc.sendto(sender.fileno(), chunk, 1 << 16, 0x40, address, 12) > 0:  # MSG_DONTWAIT
+            total += 1 << 16
+        held.append(receiver)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        if not held:
+            hold(2560)
+        return x * 2.0
+"""
+
+
+def test_a_job_cannot_hold_memory_in_netlink_queues(small_memory_client: httpx.Client) -> None:
+    result = evaluate(small_memory_client, NETLINK_HOLDER, SMALL_REFERENCE, timeout_s=120)
+    assert result["status"] == "runtime_error", result["message"]
+    assert "Address family not supported" in result["message"], result["message"]

@@ -1,0 +1,47 @@
+"""The workers' seccomp filter, installed in a real process: unix and inet sockets work, netlink and packet sockets
+and io_uring do not, and children inherit it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Installs the filter as a worker does (no new privileges first), then reports what each call gave.
+PROBE = """
+import ctypes, errno, json, os, socket, subprocess, sys
+from services.evaluator import syscall_filter
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+syscall_filter.install()
+results = {}
+for name in ("AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK", "AF_PACKET"):
+    try:
+        socket.socket(getattr(socket, name), socket.SOCK_DGRAM if name != "AF_NETLINK" else socket.SOCK_RAW).close()
+        results[name] = "ok"
+    except OSError as error:
+        results[name] = errno.errorcode[error.errno]
+setup = libc.syscall(425, 4, None)  # io_uring_setup on x86-64 and arm64 alike
+results["io_uring_setup"] = "ok" if setup >= 0 else errno.errorcode[ctypes.get_errno()]
+results["socketpair"] = "ok" if socket.socketpair() else "failed"
+child = "import socket\\ntry:\\n socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 2)\\n print('ok')\\nexcept OSError as e:\\n print(e.errno)"
+results["child_netlink"] = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True).stdout.strip()
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="seccomp is Linux's")
+def test_the_filter_allows_unix_and_inet_sockets_only() -> None:
+    probe = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60, check=True
+    )
+    results = json.loads(probe.stdout)
+    assert results["AF_UNIX"] == results["AF_INET"] == results["AF_INET6"] == results["socketpair"] == "ok"
+    assert results["AF_NETLINK"] == results["AF_PACKET"] == "EAFNOSUPPORT", results
+    assert results["io_uring_setup"] == "ENOSYS", results
+    assert results["child_netlink"] == "97", results  # EAFNOSUPPORT in a child too
