@@ -13,8 +13,10 @@ belong to root, and in strict isolation a job runs under another uid. In `proces
 root, so it makes no groups (unless the host delegated it a cgroup v2 subtree) and the watch and per-process clocks
 are all there is.
 
-Both cgroup versions: v2 (one hierarchy; `memory` and `cpu` enabled for the service's subtree) and v1 (the
-`memory` and `cpuacct` hierarchies).
+Both cgroup versions: v2 (one hierarchy, with `memory` enabled for the groups; its CPU counter, `cpu.stat`, is there
+without the `cpu` controller, which is left off: it would schedule each job's group as one, and an idle worker's
+nice value would no longer put it behind a timed one) and v1 (the `memory` and `cpuacct` hierarchies; where `cpu` is
+mounted with `cpuacct`, the groups are scheduled as groups all the same).
 """
 
 from __future__ import annotations
@@ -143,7 +145,7 @@ class JobCgroups:
     @classmethod
     def create(cls, memory_limit_mb: int) -> JobCgroups | None:
         """The service's groups, or None (logged) where the host gives it none: not root and nothing delegated, no
-        cgroup v2 at or above the service's own that gives its children `memory` and `cpu` (or can be made to: one
+        cgroup v2 at or above the service's own that gives its children `memory` (or can be made to: one
         that holds processes cannot), and no v1 `memory` and `cpuacct` hierarchies."""
         reasons = []
         for version, make in (("v2", cls._create_v2), ("v1", cls._create_v1)):
@@ -163,16 +165,16 @@ class JobCgroups:
         own = _own_dir(None)
         if own is None:
             return None
-        # The nearest group at or above the service's own whose children get both controllers; else the service's
-        # own group, enabling them there (refused where that group holds processes and is not a root).
-        base = next((d for d in (own, *own.parents) if {"memory", "cpu"} <= _words(d / "cgroup.subtree_control")), None)
+        # The nearest group at or above the service's own whose children get `memory`; else the service's own
+        # group, enabling it there (refused where that group holds processes and is not a root).
+        base = next((d for d in (own, *own.parents) if "memory" in _words(d / "cgroup.subtree_control")), None)
         if base is None:
-            (own / "cgroup.subtree_control").write_text("+memory +cpu")
+            (own / "cgroup.subtree_control").write_text("+memory")
             base = own
         _remove_stale(base)
         parent = base / f"{PARENT_PREFIX}{os.getpid()}"
         parent.mkdir()
-        (parent / "cgroup.subtree_control").write_text("+memory +cpu")
+        (parent / "cgroup.subtree_control").write_text("+memory")
         return cls(parent, parent, True, memory_limit_mb)
 
     @classmethod
