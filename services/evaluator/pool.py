@@ -419,8 +419,10 @@ class WorkerPool:
             detail = event.get("message", "") if event else "no answer"
             raise WorkerStartError(f"worker did not start: {detail}"[-2000:])
         if worker.cgroup is not None:
-            # Only the worker's own code has run so far: every process of the job must already be in its group.
-            pids = await asyncio.to_thread(sandbox.job_pids, worker.uid, [worker.proc.pid])
+            # Only the worker's own code has run so far: its process tree (the relay and pid 1 of its namespace in
+            # strict isolation) must already be in its group. Not the uid's processes: a process a killed job left
+            # exiting under a uid leased again (a zombie is in no group) would fail an honest start.
+            pids = await asyncio.to_thread(sandbox.job_pids, None, [worker.proc.pid])
             outside = set(pids) - await asyncio.to_thread(worker.cgroup.member_pids)
             if outside:
                 self._active.discard(worker)
