@@ -1,4 +1,5 @@
-"""Trusted comparison of candidate outputs with reference outputs, in the service process.
+"""Trusted comparison of candidate outputs with reference outputs: in the service process for the correctness
+trials, in the reference's timer (runner.check_saved_output) for the full checks of timed calls.
 
 Outputs arrive as files a worker wrote, and the worker is hostile: everything here treats a file's path, size,
 format and contents as the candidate's to choose. Files are opened without following symlinks and refused above a
@@ -12,12 +13,13 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import time
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -50,8 +52,6 @@ class Comparison:
     input_mutation: bool = False
     # The deadline passed before every trial was compared (the verdict is a timeout, not `incorrect`).
     timed_out: bool = False
-    # An output was not the one the worker had committed to (compare_outputs' `committed`).
-    uncommitted: bool = False
 
 
 class MalformedDataError(ValueError):
@@ -62,16 +62,16 @@ class ComparisonTimeoutError(Exception):
     """The deadline given to `compare_trial` passed."""
 
 
-def _check_archive(data: bytes) -> None:
-    """Refuse anything but a torch zip archive of stored (uncompressed) records that fit in `data`.
+def _check_archive(data: BinaryIO, size: int) -> None:
+    """Refuse anything but a torch zip archive of stored (uncompressed) records that fit in its `size` bytes.
 
     torch.load also reads the legacy (non-zip) format and deflated records; neither comes from torch.save as our
     runner calls it, and both let a small file make the loader allocate far more than its size.
     """
-    if not data.startswith(b"PK\x03\x04"):
+    if data.read(4) != b"PK\x03\x04":
         raise MalformedDataError("not a torch zip archive")
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        with zipfile.ZipFile(data) as archive:
             entries = archive.infolist()
     except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError) as exc:
         raise MalformedDataError(f"not a readable zip archive ({exc})") from exc
@@ -80,14 +80,22 @@ def _check_archive(data: bytes) -> None:
         if entry.compress_type != zipfile.ZIP_STORED or entry.compress_size != entry.file_size:
             raise MalformedDataError("zip archive has compressed records")
         total += entry.file_size
-    if total > len(data):
+    if total > size:
         raise MalformedDataError("zip archive declares more data than it holds")
 
 
 def load_data(data: bytes) -> Any:
     """Parse a file our runner wrote with torch.save: data only, CPU only, uncompressed zip format only."""
-    _check_archive(data)
+    _check_archive(io.BytesIO(data), len(data))
     return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+
+
+def load_file(path: Path) -> Any:
+    """`load_data` of a file no worker can change (one the service copied), memory-mapped: its tensors are read
+    from the page cache as they are compared, never copied whole into the process."""
+    with path.open("rb") as handle:
+        _check_archive(handle, os.fstat(handle.fileno()).st_size)
+    return torch.load(path, weights_only=True, map_location="cpu", mmap=True)
 
 
 def flatten(value: Any, *, max_leaves: int = MAX_LEAVES, max_depth: int = MAX_DEPTH) -> list[Any]:
@@ -163,7 +171,7 @@ def _check_deadline(deadline: float | None) -> None:
         raise ComparisonTimeoutError(TIME_LIMIT_MESSAGE)
 
 
-def _tensor_problem(what: str, value: torch.Tensor) -> str:
+def tensor_problem(what: str, value: torch.Tensor) -> str:
     """Why a candidate tensor is not one our runner writes (plain, dense, CPU, non-overlapping), or ""."""
     if type(value) is not torch.Tensor:
         return f"{what} is a {type(value).__name__}, expected a plain tensor"
@@ -204,7 +212,7 @@ def _compare_tensor(
         return "" if actual is None else f"output {index} is a {type(actual).__name__}, expected None"
     if not isinstance(actual, torch.Tensor):
         return f"output {index} is a {type(actual).__name__}, expected a tensor"
-    problem = _tensor_problem(f"output {index}", actual)
+    problem = tensor_problem(f"output {index}", actual)
     if problem:
         return problem
     if actual.shape != expected.shape:
@@ -214,15 +222,16 @@ def _compare_tensor(
     if not expected.dtype.is_floating_point and not expected.is_complex():
         return (
             ""
-            if torch.equal(actual, expected)
+            if torch.equal(actual.to(expected.device), expected)
             else f"output {index} differs (exact match required for {expected.dtype})"
         )
     tol = default_tolerance(expected.dtype)
     atol, rtol = atol if atol is not None else tol, rtol if rtol is not None else tol
     max_abs = max_rel = -math.inf
     close = True
-    for want_chunk, got_chunk in zip(_chunks(_as_real(expected)), _chunks(_as_real(actual)), strict=True):
+    for want_chunk, host_chunk in zip(_chunks(_as_real(expected)), _chunks(_as_real(actual)), strict=True):
         _check_deadline(deadline)
+        got_chunk = host_chunk.to(want_chunk.device)  # the candidate's (on the host) goes where the reference's is
         if torch.equal(want_chunk, got_chunk):  # the same bits, no NaN (NaN equals nothing): nothing to measure
             max_abs, max_rel = max(max_abs, 0.0), max(max_rel, 0.0)
             continue
@@ -294,7 +303,7 @@ def compare_trial(
     except MalformedDataError as exc:
         return f"output file is malformed: {exc}", False
     for index, leaf in enumerate(after):
-        problem = _tensor_problem(f"input {index} after the call", leaf) if isinstance(leaf, torch.Tensor) else ""
+        problem = tensor_problem(f"input {index} after the call", leaf) if isinstance(leaf, torch.Tensor) else ""
         if problem:
             return problem, False
     mutated = len(produced["inputs_after"]) != len(inputs) or len(after) != len(before)
@@ -324,7 +333,6 @@ def compare_outputs(
     deadline: float | None = None,
     owner_uid: int | None = None,
     trusted_root: Path | None = None,
-    committed: Callable[[Any], bool] | None = None,
 ) -> Comparison:
     """Compare every trial's output file `out_dir/<trial>.pt` with the reference; stops at the first wrong trial.
 
@@ -332,9 +340,7 @@ def compare_outputs(
     replace; from there down, `out_dir` and each file are opened without following symlinks, and a file must be a
     regular file with one link, owned by `owner_uid` when given. A file is read only if it is at most `max_bytes`
     and at most `output_size_limit()` of its trial. When `deadline` (a time.monotonic() value) passes between
-    trials, leaves or chunks, the result is incorrect with `timed_out` set. `committed(outputs)` says whether a
-    trial's outputs are the ones the worker committed to before it knew they would be checked; where it says no,
-    the result is incorrect with `uncommitted` set. Never raises for the candidate's data.
+    trials, leaves or chunks, the result is incorrect with `timed_out` set. Never raises for the candidate's data.
     """
     root = trusted_root if trusted_root is not None else out_dir.parent
     relative = out_dir.relative_to(root)
@@ -356,8 +362,6 @@ def compare_outputs(
             return Comparison(False, f"trial {trial}: unreadable output ({type(exc).__name__}: {exc})"[:500])
         finally:
             del data
-        if committed is not None and not _committed(committed, produced):
-            return Comparison(False, f"trial {trial}: not the output the worker committed to", uncommitted=True)
         try:
             reason, trial_mutated = compare_trial(
                 want, trial_inputs, produced, atol, rtol, all_errors, deadline=deadline
@@ -371,15 +375,6 @@ def compare_outputs(
         if reason:
             return Comparison(False, f"trial {trial}: {reason}", *_maxima(all_errors), input_mutation=mutated)
     return Comparison(True, "", *_maxima(all_errors), input_mutation=mutated)
-
-
-def _committed(committed: Callable[[Any], bool], produced: Any) -> bool:
-    """Whether a trial's outputs are the committed ones; outputs the check cannot even read (a sparse or meta
-    tensor, which torch.load accepts) are not: the worker's digest could not have read them either."""
-    try:
-        return committed(produced.get("outputs") if isinstance(produced, dict) else None)
-    except Exception:
-        return False
 
 
 def _timed_out(errors: list[tuple[float, float]], mutated: bool) -> Comparison:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import logging
 import math
@@ -30,11 +29,11 @@ from cachetools import LRUCache
 
 from services.evaluator import build_cache, gpu_checks, held_memory, output_digest, sandbox, split_build
 from services.evaluator.backends import BACKENDS, get_backend, resolve_device
-from services.evaluator.compare import Comparison, compare_outputs, load_data
+from services.evaluator.compare import Comparison, compare_outputs, load_data, output_size_limit
 from services.evaluator.config import HACK_FLAGS, Settings
 from services.evaluator.metrics import Metrics
 from services.evaluator.pool import QueueFullError, Worker, WorkerPool, WorkerStartError
-from services.evaluator.safe_files import open_beneath, read_file_beneath
+from services.evaluator.safe_files import copy_file_beneath, open_beneath, read_file_beneath
 from services.evaluator.sandbox import write_readonly_file
 from services.evaluator.static_checks import check_candidate, reference_problems
 from services.evaluator.verdict import CandidateRun, TimingResult, candidate_result, needs_whole_rebuild, truncate
@@ -709,9 +708,8 @@ class Judge:
                 break
             if check_call is not None:
                 call, block = check_call, blocks["candidate"][-1]
-                expected = await self._timer_output(timer, call)
                 sketch = block.sketches[call] if block.sketches is not None else None
-                if not await self._check(candidate, call, expected, sketch, block.held_hash):
+                if not await self._check(candidate, call, sketch, block.held_hash):
                     self.run_state.flags["stale_output"] = (
                         f"the output of timed call {call} of block {index} was wrong (an answer cached or computed "
                         "before its inputs changed)"
@@ -885,33 +883,13 @@ class Judge:
         if any(now.get(pid, seconds) - seconds > RAN_WHILE_STOPPED_S for pid, seconds in at_stop.items()):
             self.run_state.flags["result_tampering"] = "a process of the job ran while the judge held it stopped"
 
-    async def _timer_output(self, timer: Worker, call: int) -> Any:
-        """The reference's output of one call of its last block (the same inputs as the candidate's call)."""
-        self.checks += 1
-        nonce = secrets.token_hex(8)
-        await timer.send({"op": "save", "call": call, "check": self.checks, "nonce": nonce})
-        reply = await timer.expect({"saved", "error"}, self.deadline)
-        if reply is None or reply["event"] == "error" or reply.get("nonce") != nonce:
-            raise EvaluatorFailure(f"the reference timer could not save an output: {(reply or {}).get('message')}")
-        try:
-            data = await asyncio.to_thread(
-                read_file_beneath,
-                timer.root,
-                f"home/checks/{self.checks}/0.pt",
-                self.settings.max_file_mb << 20,
-                timer.uid,
-            )
-            return load_data(data)["outputs"]
-        except Exception as exc:
-            raise EvaluatorFailure(f"the reference's timed output is unreadable: {type(exc).__name__}: {exc}") from exc
-
-    async def _check(
-        self, candidate: Worker, call: int, expected: Any, committed: str | None, held_hash: str | None
-    ) -> bool:
-        """Ask for one call's output of the last block and compare it with the reference's on the same inputs.
-        `committed`: the sketch of this call's output in the block's reply (GPU), and `held_hash` the judge's hash of
-        the bytes it read from the worker's memory after the block (CPU); an output saved with another was not the
-        one the timed call produced (filled in or computed again after the block)."""
+    async def _check(self, candidate: Worker, call: int, committed: str | None, held_hash: str | None) -> bool:
+        """Ask for one call's output of the last block and have the reference's timer compare it with its own output
+        of the same call (runner.check_saved_output: on its device, where that output is). `committed`: the sketch
+        of this call's output in the block's reply (GPU), and `held_hash` the judge's hash of the bytes it read from
+        the worker's memory after the block (CPU); an output saved with another was not the one the timed call
+        produced (filled in or computed again after the block)."""
+        assert self.timer is not None
         await self._release(candidate)
         self.checks += 1
         nonce = secrets.token_hex(8)
@@ -932,35 +910,42 @@ class Judge:
                 "the job answered the check"
             )
             raise CandidateFailure
-        comparison = await asyncio.to_thread(
-            compare_outputs,
-            candidate.root / "home" / "checks" / str(self.checks),
-            [expected],
-            [[]],
-            self.request.atol,
-            self.request.rtol,
-            self.settings.max_file_mb << 20,
-            deadline=self.deadline,
-            owner_uid=candidate.uid,
-            trusted_root=candidate.root,
-            committed=functools.partial(_is_committed, committed, held_hash),
-        )
-        if comparison.uncommitted:
+        # The saved file goes to the timer as a copy in a directory only the service writes: the job owns its
+        # `checks` directory and could change its file while the timer reads it.
+        expected_limit = max(output_size_limit(expected, []) for expected in self.reference.expected)
+        limit = min(self.settings.max_file_mb << 20, expected_limit)
+        try:
+            await asyncio.to_thread(_hand_over_check, candidate, self.timer, self.checks, limit)
+        except (OSError, ValueError) as error:  # no single regular file of the job's, or larger than an output
+            log.info("check %d: the saved output was refused: %s", self.checks, error)
+            return False
+        command = {
+            "op": "check", "call": call, "check": self.checks, "atol": self.request.atol, "rtol": self.request.rtol,
+            "seconds": max(0.0, self.deadline - time.monotonic()),
+        }  # fmt: skip
+        try:
+            found, _, _ = await self._command(self.timer, command, "checked")
+        finally:
+            await asyncio.to_thread(_remove_check, self.timer, self.checks)
+        if found.get("commitment") != (committed if committed is not None else held_hash):
             self.run_state.flags["result_tampering"] = (
                 f"the output saved for the check of call {call} is not the one its timed call produced (not the "
                 "sketch the block's reply committed to, or on a CPU not the bytes the judge read from memory after "
                 "the block: filled in or computed again after it)"
             )
             raise CandidateFailure
-        if comparison.timed_out:
+        if found.get("timed_out"):
             raise CandidateFailure
-        return comparison.correct
+        return not found.get("reason")
 
     async def _recheck(self, candidate: Worker) -> None:
         """After timing: the set the candidate never saw, in the very buffers it was timed on."""
         if "stale_output" in self.run_state.flags:
             return
+        assert self.timer is not None
         recheck = self.trials  # the reference's extra set
+        if not await asyncio.to_thread(_hand_over_one, self.timer, self.reference, recheck):
+            raise EvaluatorFailure("the reference timer's inputs directory is not the one the service made")
         try:
             handed = await asyncio.to_thread(_hand_over_one, candidate, self.reference, recheck)
         except OSError:
@@ -968,9 +953,11 @@ class Judge:
         if not handed:
             self.run_state.flags["result_tampering"] = "the job replaced the inputs directory the service gave it"
             raise CandidateFailure
+        # The timer's output on the set is what the candidate's is checked against (_check).
+        await self._block(self.timer, [], handed_over=recheck)
         block = await self._block(candidate, [], handed_over=recheck, check_call=0)
         sketch = block.sketches[0] if block.sketches is not None else None
-        if not await self._check(candidate, 0, self.reference.expected[recheck], sketch, block.held_hash):
+        if not await self._check(candidate, 0, sketch, block.held_hash):
             self.run_state.flags["stale_output"] = "wrong answer on new inputs in the buffers that were timed"
 
     async def _profile(self, worker: Worker) -> list[str] | None:
@@ -1189,12 +1176,6 @@ def judge_timing(
     )
 
 
-def _is_committed(sketch: str | None, held_hash: str | None, outputs: Any) -> bool:
-    return (sketch is None or output_digest.output_sketch(outputs) == sketch) and (
-        held_hash is None or held_memory.saved_hash(outputs) == held_hash
-    )
-
-
 def _hand_over(worker: Worker, reference: ReferenceData, trials: range) -> None:
     """Give a worker its inputs (never the expected outputs), in files it can read but not change."""
     inputs_dir = worker.home / "inputs"
@@ -1203,6 +1184,37 @@ def _hand_over(worker: Worker, reference: ReferenceData, trials: range) -> None:
     for trial in trials:
         write_readonly_file(inputs_dir / f"inputs_{trial}.pt", reference.input_bytes[trial])
     inputs_dir.chmod(0o555)
+
+
+def _hand_over_check(candidate: Worker, timer: Worker, check: int, limit: int) -> None:
+    """Copy the output file a candidate saved for a check into the timer's `inputs`, through a handle on that
+    directory (never by path) and from the candidate's file opened without following links (safe_files)."""
+    directory = open_beneath(timer.root, "home/inputs", directory=True)
+    try:
+        if os.fstat(directory).st_uid != os.geteuid():
+            raise EvaluatorFailure("the reference timer's inputs directory is not the one the service made")
+        os.fchmod(directory, 0o755)  # _hand_over_one: the owner's write bit, for the copy only
+        try:
+            copy_file_beneath(
+                candidate.root, f"home/checks/{check}/0.pt", f"check_{check}.pt", limit, candidate.uid,
+                dir_fd=directory,
+            )  # fmt: skip
+        finally:
+            os.fchmod(directory, 0o555)
+    finally:
+        os.close(directory)
+
+
+def _remove_check(timer: Worker, check: int) -> None:
+    """Remove a check's copy (_hand_over_check) once the timer has compared it: a long timing run makes many."""
+    directory = open_beneath(timer.root, "home/inputs", directory=True)
+    try:
+        os.fchmod(directory, 0o755)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"check_{check}.pt", dir_fd=directory)
+    finally:
+        os.fchmod(directory, 0o555)
+        os.close(directory)
 
 
 def _job_cpu_clocks(worker: Worker) -> dict[int, float]:

@@ -106,6 +106,11 @@ def output_sketch(output: Any) -> str:
     return _sketch(_layout(tensors), [_tree_roots([tensor])[0] for tensor in tensors])
 
 
+def output_sketch_on(output: Any, device: str) -> str:
+    """`output_sketch` of an output saved on the host, hashed on `device` (the tree is the same on every device)."""
+    return output_sketch([tensor.to(device) for tensor in _tensors(output)])
+
+
 def prepare(device: str) -> str:
     """Compile (and test) the device hash where sketches are made on a GPU, so that no timed block pays for it;
     why it is unavailable (outputs are then hashed on the host), or ""."""

@@ -10,7 +10,8 @@ Roles:
   on the correctness inputs, then serve timing commands (timed calls draw fresh inputs with the reference's
   `get_inputs`, from seeds the judge sends with each block).
 - `timer`: the reference model, served with the same timing commands in a process of its own, so a candidate
-  can never reach the model it is timed against.
+  can never reach the model it is timed against; it also makes the judge's full checks of timed calls (`check`:
+  the output a candidate saved for a call against the timer's own output of that call, on its device).
 - `build`: compile one extension the candidate asked for; nothing of the candidate is imported.
 """
 
@@ -22,6 +23,7 @@ import json
 import os
 import random
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +34,7 @@ from typing import IO, Any
 import torch
 import torch.utils.cpp_extension  # noqa: F401 - imported before candidate code, so build_cache can wrap it
 
-from services.evaluator import build_cache, gpu_checks, held_memory, output_digest, pch
+from services.evaluator import build_cache, compare, gpu_checks, held_memory, output_digest, pch
 from services.evaluator.backends import KernelBackend, get_backend, triton_support
 from services.evaluator.guards import Guard
 
@@ -222,7 +224,7 @@ def run_timer(context: WorkerContext, job: dict[str, Any]) -> None:
     if context.backend.name == "cuda":
         fields["bandwidth_gbs"] = gpu_checks.measure_bandwidth_gbs(context.backend.device_string())
     context.emit("ready_to_time", device=context.backend.describe(), **fields)
-    serve_timing(context, model, InputSets(context, module.get_inputs), guard)
+    serve_timing(context, model, InputSets(context, module.get_inputs), guard, checks_candidate=True)
 
 
 def _guard(context: WorkerContext) -> Guard:
@@ -274,7 +276,9 @@ class InputSets:
         return self.buffers
 
 
-def serve_timing(context: WorkerContext, model: Any, inputs: InputSets, guard: Guard) -> None:
+def serve_timing(
+    context: WorkerContext, model: Any, inputs: InputSets, guard: Guard, checks_candidate: bool = False
+) -> None:
     """Answer the judge's commands until it says `exit` or closes the pipe. The judge times every command from
     outside, on both sides, and compares.
 
@@ -286,8 +290,10 @@ def serve_timing(context: WorkerContext, model: Any, inputs: InputSets, guard: G
     from the judge's seed (output_digest), which the judge checks against the reference's on the same inputs. The
     judge clocks each command on both sides, so work moved out of the timed calls into drawing or digesting shows
     as well. `save`: write the output of one call of the last block, chosen by the judge after the block, for it to
-    check in full. Correctness checks and timed calls go through this one path, so a candidate cannot tell which
-    of its calls are checked. Digests, saves and the end of the job report what the guard found replaced."""
+    check in full. `check` (the reference's timer only, `checks_candidate`): compare the output a candidate saved
+    for one call of its last block with this worker's own output of the same call (check_saved_output).
+    Correctness checks and timed calls go through this one path, so a candidate cannot tell which of its calls are
+    checked. Digests, saves and the end of the job report what the guard found replaced."""
     backend = context.backend
     outputs: list[Any] = []
     outputs_like: list[Any] | None = None
@@ -355,6 +361,14 @@ def serve_timing(context: WorkerContext, model: Any, inputs: InputSets, guard: G
                 context.emit("error", stage="timing", message=traceback.format_exc())
                 return
             context.emit("saved", nonce=command["nonce"], replaced=replaced)
+        elif op == "check" and checks_candidate:
+            try:
+                with _no_grad():
+                    found = check_saved_output(context, outputs[int(command["call"])], command)
+            except BaseException:
+                context.emit("error", stage="check", message=traceback.format_exc())
+                return
+            context.emit("checked", nonce=command["nonce"], **found)
         elif op == "profile":
             launched = gpu_checks.launched_kernel_names(model, inputs.refill(inputs.handed_over(str(command["set"]))))
             context.emit("profiled", nonce=command["nonce"], kernels=launched)
@@ -362,6 +376,46 @@ def serve_timing(context: WorkerContext, model: Any, inputs: InputSets, guard: G
             context.emit("done", replaced=_replaced(guard))
             return
         outputs_like = _output_tensors(outputs)
+
+
+def check_saved_output(context: WorkerContext, expected: Any, command: dict[str, Any]) -> dict[str, Any]:
+    """The judge's full check of one timed call, made in the reference's timer, which no candidate can reach: the
+    output the candidate saved for the call (a copy the service made in this worker's `inputs`, which no job can
+    change) against `expected`, this worker's own output of the call, on its device (no output leaves the GPU on
+    this side, and the candidate's is moved to it a chunk at a time). With the reason it is wrong ("" if right)
+    come the commitment of the bytes compared, for the service to hold to the one the candidate's block reply made
+    (on a GPU the sketch, on a CPU the hash of what the judge read from the candidate's memory) and None where the
+    saved data cannot be hashed: its leaves are checked (plain, dense, not overlapping) before a byte is hashed."""
+    deadline = time.monotonic() + float(command["seconds"])
+    found: dict[str, Any] = {"reason": "", "commitment": None, "max_abs": None, "max_rel": None, "timed_out": False}
+    try:
+        produced = compare.load_file(context.home / "inputs" / f"check_{int(command['check'])}.pt")
+        outputs = produced["outputs"] if type(produced) is dict and "outputs" in produced else None
+        leaves = compare.flatten(outputs)
+        problems = [compare.tensor_problem("output", leaf) for leaf in leaves if isinstance(leaf, torch.Tensor)]
+    except Exception as error:  # the candidate's file: its verdict, never this worker's failure
+        found["reason"] = f"unreadable output ({type(error).__name__}: {error})"[:500]
+        return found
+    if not any(problems):
+        with contextlib.suppress(Exception):  # a structure no timed call returns was committed to by none
+            if context.backend.name == "cuda":
+                found["commitment"] = output_digest.output_sketch_on(outputs, context.backend.device_string())
+            else:
+                found["commitment"] = held_memory.saved_hash(outputs)
+    errors: list[tuple[float, float]] = []
+    try:
+        reason, _ = compare.compare_trial(
+            expected, [], produced, command.get("atol"), command.get("rtol"), errors, deadline=deadline
+        )
+    except compare.ComparisonTimeoutError:
+        found["timed_out"] = True
+        reason = compare.TIME_LIMIT_MESSAGE
+    except Exception as error:
+        reason = f"outputs could not be compared ({type(error).__name__}: {error})"[:450]
+    found["reason"] = reason
+    if errors:
+        found["max_abs"], found["max_rel"] = max(e[0] for e in errors), max(e[1] for e in errors)
+    return found
 
 
 def _seed_draw(seed: int, backend: KernelBackend) -> None:

@@ -107,9 +107,16 @@ def read_file_beneath(root: Path, relative: str | Path, max_bytes: int, owner_ui
 
 
 def copy_file_beneath(
-    root: Path, relative: str | Path, destination: Path, max_bytes: int, owner_uid: int | None = None
+    root: Path,
+    relative: str | Path,
+    destination: str | Path,
+    max_bytes: int,
+    owner_uid: int | None = None,
+    *,
+    dir_fd: int | None = None,
 ) -> int:
-    """Copy the regular file `root/relative` (checked as by `read_file_beneath`) to a new file `destination`.
+    """Copy the regular file `root/relative` (checked as by `read_file_beneath`) to a new file `destination`
+    (relative to the directory `dir_fd` when given, as in os.open).
 
     The copy goes through the kernel in chunks (sendfile), never through one buffer of the file's size.
     `destination` must not exist (O_EXCL; a symlink there is not followed); its parent must be a directory
@@ -120,7 +127,8 @@ def copy_file_beneath(
     source = open_beneath(root, relative)
     try:
         info = _checked_regular(source, name, max_bytes, owner_uid)
-        target = os.open(destination, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        target = os.open(destination, flags, 0o600, dir_fd=dir_fd)
         try:
             copied = _copy_fd(source, target, info.st_size)
             if _copy_fd(source, target, 1):
@@ -128,7 +136,7 @@ def copy_file_beneath(
             os.fchmod(target, 0o444)
         except BaseException:
             os.close(target)
-            os.unlink(destination)
+            os.unlink(destination, dir_fd=dir_fd)
             raise
         os.close(target)
     finally:

@@ -349,25 +349,51 @@ def test_truncate_keeps_head_and_tail() -> None:
     assert len(short) <= 1000 and short.startswith("HEAD") and short.endswith("TAIL") and "cut" in short
 
 
+def timer_check(home: Path, expected: object, saved: object, **command: object) -> dict:
+    """runner.check_saved_output (the reference timer's `check`) of `saved`, written as a candidate's save and
+    copied to the timer's inputs as check 1, against `expected`."""
+    from services.evaluator import runner
+    from services.evaluator.backends import get_backend
+
+    (home / "inputs").mkdir(exist_ok=True)
+    torch.save({"outputs": saved, "inputs_after": []}, home / "inputs" / "check_1.pt")
+    context = SimpleNamespace(home=home, backend=get_backend("cpu"))
+    return runner.check_saved_output(context, expected, {"check": 1, "seconds": 60, **command})  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     "saved",
-    [torch.ones(1), torch.ones(1).to_sparse(), torch.ones(1, device="meta"), None],
-    ids=["other_sketch", "sparse", "meta", "none"],
+    [torch.full((1,), 2.0), torch.ones(1).to_sparse(), torch.ones(1, device="meta"), None],
+    ids=["other_bytes", "sparse", "meta", "none"],
 )
-def test_an_output_that_is_not_the_committed_one_is_never_an_error(tmp_path: Path, saved: object) -> None:
-    """A saved output whose sketch differs from the one committed, or cannot be computed at all (torch.load
-    takes sparse and meta tensors), is `uncommitted`: compare_outputs never raises for it."""
-    from services.evaluator import output_digest
+def test_a_saved_output_that_is_not_the_committed_one_is_never_an_error(tmp_path: Path, saved: object) -> None:
+    """The timer's check of a saved output that differs from the timed call's bytes, or that cannot be hashed at
+    all (torch.load takes sparse and meta tensors), reports another commitment (or none) and a reason, and never
+    raises; the right output reports the commitment the judge read (held_memory.saved_hash) and no reason."""
+    from services.evaluator import held_memory
 
-    (tmp_path / "out").mkdir()
-    torch.save({"outputs": saved, "inputs_after": []}, tmp_path / "out" / "0.pt")
-    committed = output_digest.output_sketch(torch.full((1,), 2.0))
-    result = compare_file(tmp_path / "out", committed=lambda out: output_digest.output_sketch(out) == committed)
-    assert result.uncommitted and not result.correct
-    save_ones(tmp_path / "out" / "0.pt")
-    ones = output_digest.output_sketch(torch.ones(1))
-    result = compare_file(tmp_path / "out", committed=lambda out: output_digest.output_sketch(out) == ones)
-    assert result.correct and not result.uncommitted
+    committed = held_memory.saved_hash(torch.ones(1))
+    found = timer_check(tmp_path, torch.ones(1), saved)
+    assert found["commitment"] != committed and found["reason"]
+    (tmp_path / "inputs" / "check_1.pt").unlink()
+    found = timer_check(tmp_path, torch.ones(1), torch.ones(1))
+    assert found == {"reason": "", "commitment": committed, "max_abs": 0.0, "max_rel": 0.0, "timed_out": False}
+
+
+def test_a_saved_output_with_overlapping_memory_is_not_hashed(tmp_path: Path) -> None:
+    """A saved tensor of 2^36 elements over 4 bytes of storage (stride 0, which torch.load rebuilds) is refused
+    before any hash could materialise its 256 GiB."""
+    huge = torch.ones(1).as_strided((1 << 36,), (0,))
+    found = timer_check(tmp_path, torch.ones(1), huge)
+    assert found["commitment"] is None and "overlapping" in found["reason"], found
+
+
+def test_the_timer_check_reports_the_error_of_a_wrong_output(tmp_path: Path) -> None:
+    found = timer_check(tmp_path, torch.zeros(4), torch.tensor([0.0, 0.0, 0.5, 0.0]))
+    assert "differs beyond" in found["reason"] and found["max_abs"] == pytest.approx(0.5)
+    (tmp_path / "inputs" / "check_1.pt").unlink()
+    found = timer_check(tmp_path, torch.zeros(4), torch.tensor([0.0, 0.0, 0.5, 0.0]), atol=1.0)
+    assert found["reason"] == ""
 
 
 def test_verdict_and_errors_agree_with_torch_isclose_on_special_values(tmp_path: Path) -> None:
@@ -392,3 +418,25 @@ def test_verdict_and_errors_agree_with_torch_isclose_on_special_values(tmp_path:
         if finite.any():
             diff = (produced.double() - expected.double()).abs()[finite]
             assert result.max_abs_error == pytest.approx(float(diff.max()), abs=1e-12), (expected, produced)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_timer_check_on_a_gpu_commits_to_the_block_sketch(tmp_path: Path) -> None:
+    """On a GPU the timer hashes the saved output on its device and compares it there with its own: the
+    commitment is the sketch the candidate's block reply made of the same output, and a wrong element fails."""
+    from services.evaluator import output_digest, runner
+    from services.evaluator.backends import get_backend
+
+    produced = torch.randn(3, 1 << 20, device="cuda")
+    expected = produced.clone()
+    sketch = output_digest.block_sketches([produced])[0]
+    (tmp_path / "inputs").mkdir()
+    context = SimpleNamespace(home=tmp_path, backend=get_backend("cuda"))
+    for check, saved in enumerate([produced.cpu(), produced.cpu().index_fill_(1, torch.tensor([7]), 9.0)], 1):
+        torch.save({"outputs": saved, "inputs_after": []}, tmp_path / "inputs" / f"check_{check}.pt")
+        found = runner.check_saved_output(context, expected, {"check": check, "seconds": 60})  # type: ignore[arg-type]
+        if check == 1:
+            assert found["commitment"] == sketch and found["reason"] == "", found
+        else:
+            assert found["commitment"] != sketch and "differs" in found["reason"], found
