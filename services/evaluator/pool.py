@@ -14,7 +14,6 @@ import logging
 import math
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from typing import Any
 
 from services.evaluator import build_cache, job_cgroup, sandbox
 from services.evaluator.config import Settings
+from services.evaluator.safe_files import remove_tree
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +251,7 @@ def _remove_stale_work_dirs(parent: Path) -> None:
     for path in parent.glob(f"{WORK_DIR_PREFIX}*-*"):
         pid = path.name[len(WORK_DIR_PREFIX) :].split("-", 1)[0]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            shutil.rmtree(path, ignore_errors=True)
+            remove_tree(path)
 
 
 class MemoryWatch:
@@ -504,18 +504,21 @@ class WorkerPool:
         return worker
 
     async def _dispose(self, worker: Worker) -> None:
-        if worker.proc.returncode is None or worker.uid is not None:
-            await asyncio.to_thread(sandbox.kill_all, worker.uid, worker.proc.pid, worker.signaller)
-        with contextlib.suppress(ProcessLookupError):
-            await worker.proc.wait()
-        for task in (worker.reader, worker.exit_watch):
-            if task is not None:
-                task.cancel()
-        await asyncio.to_thread(shutil.rmtree, worker.root, True)
-        if worker.cgroup is not None and self.cgroups is not None:
-            await asyncio.to_thread(self.cgroups.release, worker.cgroup)
-        if worker.uid is not None and self.uids is not None:
-            self.uids.release(worker.uid)
+        try:
+            if worker.proc.returncode is None or worker.uid is not None:
+                await asyncio.to_thread(sandbox.kill_all, worker.uid, worker.proc.pid, worker.signaller)
+            with contextlib.suppress(ProcessLookupError):
+                await worker.proc.wait()
+            for task in (worker.reader, worker.exit_watch):
+                if task is not None:
+                    task.cancel()
+            await asyncio.to_thread(remove_tree, worker.root)
+        finally:
+            # Whatever failed above, the job's cgroup and uid go back: a lease lost per failure ends the pool.
+            if worker.cgroup is not None and self.cgroups is not None:
+                await asyncio.to_thread(self.cgroups.release, worker.cgroup)
+            if worker.uid is not None and self.uids is not None:
+                self.uids.release(worker.uid)
 
     async def close(self) -> None:
         for task in [*self._refill, self.memory_watch.task]:
@@ -526,7 +529,7 @@ class WorkerPool:
         for worker in workers:
             with contextlib.suppress(Exception):
                 await self._dispose(worker)
-        shutil.rmtree(self.work_dir, ignore_errors=True)
+        remove_tree(self.work_dir)
         if self._pch_build is not None and self._pch_build.poll() is None:
             self._pch_build.terminate()
         if self.signaller is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 # Largest single read()/sendfile() call (Linux moves at most ~2 GiB per call anyway).
@@ -168,3 +169,12 @@ def _copy_chunk(source: int, target: int, count: int) -> int:
     while view:
         view = view[os.write(target, view) :]
     return len(data)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a directory tree a worker wrote, however deep: coreutils' `rm -rf` walks it without recursion and
+    never follows a symlink or leaves the file system. (shutil.rmtree recurses once per level: a job that made
+    1,500 nested directories raised RecursionError through ignore_errors, which turned its verdict into
+    evaluator_error, leaked its sandbox uid, and stopped the service from starting again on that work dir.) What
+    cannot be removed is left, as rmtree's ignore_errors did."""
+    subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], check=False, stderr=subprocess.DEVNULL)

@@ -73,6 +73,10 @@ SCAN_WRITABLE_IN = ("/", "/run", "/var", "/dev")
 MQUEUE_DIR = "/dev/mqueue"
 # System V IPC of a worker's own IPC namespace: 64 MiB of shared memory in all, few segments and queues.
 SHM_BYTES = 64 << 20
+# Open files per process of a job (soft and hard): the common default soft limit. Without it a job inherited the
+# service's (a million under Docker) and a red-team candidate's processes held 400,000 files of the host's table,
+# whose end makes every unprivileged open on the host fail; a job's processes are bounded by RLIMIT_NPROC.
+MAX_OPEN_FILES = 1024
 IPC_LIMITS = {
     "kernel/shmmax": SHM_BYTES,
     "kernel/shmall": SHM_BYTES // resource.getpagesize(),
@@ -377,6 +381,7 @@ def enter(spec: SandboxSpec) -> None:
             handle.write(str(os.getpid()))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (spec.max_file_bytes, spec.max_file_bytes))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (MAX_OPEN_FILES, MAX_OPEN_FILES))
     if spec.memory_bytes is not None:
         resource.setrlimit(resource.RLIMIT_AS, (spec.memory_bytes, spec.memory_bytes))
     libc = _libc()

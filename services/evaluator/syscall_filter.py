@@ -1,16 +1,25 @@
-"""A seccomp filter every worker installs last in sandbox.enter(): sockets of the unix and inet families only, and
-no io_uring.
+"""A seccomp filter every worker installs last in sandbox.enter(): sockets of the unix and inet families only; no
+io_uring, perf events, BPF, userfaultfd or kernel keys; no new user namespace.
 
-Why: the receive queues of netlink sockets hold kernel memory that no memory cgroup is charged for and that no
-process's resident set shows. A red-team candidate queued 4 GiB in `NETLINK_USERSOCK` sockets (its own network
-namespace is enough) against a 2 GiB limit and scored `correct`; nothing bounded it but the host's memory. A job has
-no use for netlink or the other families (its network namespace has no interface). io_uring can create sockets
-without the `socket` system call (IORING_OP_SOCKET), so it goes too, as in Docker's default profile.
+Why, call by call (each found by a red-team candidate, or a way to what one found):
+- netlink sockets: their receive queues hold kernel memory that no memory cgroup is charged for and that no
+  process's resident set shows. A candidate queued 4 GiB in `NETLINK_USERSOCK` sockets (its own network namespace
+  is enough) against a 2 GiB limit and scored `correct`. A job has no use for netlink or the other families (its
+  network namespace has no interface). io_uring can create sockets without the `socket` call (IORING_OP_SOCKET).
+- perf_event_open: each event is a kernel object no memory cgroup is charged for; a candidate held 1.5-2 GB of them
+  beyond a 1-2 GB limit (processes parked in vfork, so the judge's stop check saw nothing) and scored `correct`;
+  inherited events grow with the square of a chain of processes. bpf and userfaultfd are of the same kind of
+  kernel reach, with no use in a kernel benchmark.
+- add_key, request_key, keyctl: key serials are global and keys outlive the job, its uid and the service: later
+  jobs read and overwrote earlier jobs' keys, a channel between evaluations.
+- user namespaces (clone or unshare with CLONE_NEWUSER; clone3, whose flags sit in memory a filter cannot read,
+  fails with ENOSYS and the C library falls back to clone, as under Docker's default profile): inside one a job
+  holds every capability over its own namespaces, the kernel surface most privilege escalations have gone through.
 
 The filter is classic BPF over `struct seccomp_data`, loaded with prctl(PR_SET_SECCOMP): no library is needed, and
-the filter is a dozen instructions. It is inherited by every child and cannot be removed. A system call of another
-ABI than the process's own (i386 through `int 0x80`, x32 on x86-64, whose `socketcall` or numbering would miss the
-check) fails with ENOSYS.
+the filter is a few dozen instructions. It is inherited by every child and cannot be removed. A system call of
+another ABI than the process's own (i386 through `int 0x80`, x32 on x86-64, whose `socketcall` or numbering would
+miss the checks) fails with ENOSYS.
 """
 
 from __future__ import annotations
@@ -19,19 +28,36 @@ import ctypes
 import errno
 import platform
 import socket
+from dataclasses import dataclass
 
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
 SECCOMP_RET_ALLOW = 0x7FFF0000
 SECCOMP_RET_ERRNO = 0x00050000
-# Classic BPF opcodes: BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_JMP|BPF_JGE|BPF_K, BPF_RET|BPF_K.
-LOAD_WORD, JUMP_IF_EQUAL, JUMP_IF_AT_LEAST, RETURN = 0x20, 0x15, 0x35, 0x06
+# Classic BPF opcodes: BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_JMP|BPF_JGE|BPF_K, BPF_JMP|BPF_JSET|BPF_K,
+# BPF_RET|BPF_K.
+LOAD_WORD, JUMP_IF_EQUAL, JUMP_IF_AT_LEAST, JUMP_IF_ANY_BIT, RETURN = 0x20, 0x15, 0x35, 0x45, 0x06
 # Offsets in struct seccomp_data: the call's number, its ABI, the low word of its first argument (little-endian).
 NR_OFFSET, ARCH_OFFSET, FIRST_ARGUMENT_OFFSET = 0, 4, 16
 X32_SYSCALL_BIT = 0x40000000
-# (AUDIT_ARCH_*, socket's number) per machine; io_uring_setup, _enter and _register are 425-427 on both.
-ARCHITECTURES = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}
-IO_URING_CALLS = (425, 426, 427)
+CLONE_NEWUSER = 0x10000000
+
+
+@dataclass(frozen=True)
+class Machine:
+    arch: int  # AUDIT_ARCH_*
+    socket: int
+    clone: int
+    unshare: int
+    # Calls that fail with ENOSYS: io_uring_setup, _enter, _register, clone3 (the same numbers on both machines),
+    # perf_event_open, bpf, userfaultfd, add_key, request_key, keyctl.
+    refused: tuple[int, ...]
+
+
+MACHINES = {
+    "x86_64": Machine(0xC000003E, 41, 56, 272, (425, 426, 427, 435, 298, 321, 323, 248, 249, 250)),
+    "aarch64": Machine(0xC00000B7, 198, 220, 97, (425, 426, 427, 435, 241, 280, 282, 217, 218, 219)),
+}
 ALLOWED_SOCKET_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6)
 
 
@@ -46,20 +72,29 @@ class _SockFprog(ctypes.Structure):
 def program(machine: str) -> list[tuple[int, int, int, int]]:
     """The filter's instructions (code, jump if true, jump if false, k) for `machine`, top to bottom. A jump skips
     that many instructions after itself."""
-    arch, socket_nr = ARCHITECTURES[machine]
+    calls = MACHINES[machine]
     allow = (RETURN, 0, 0, SECCOMP_RET_ALLOW)
     no_such_call = (RETURN, 0, 0, SECCOMP_RET_ERRNO | errno.ENOSYS)
     # Another ABI than the process's own: ENOSYS.
-    instructions = [(LOAD_WORD, 0, 0, ARCH_OFFSET), (JUMP_IF_EQUAL, 1, 0, arch), no_such_call]
+    instructions = [(LOAD_WORD, 0, 0, ARCH_OFFSET), (JUMP_IF_EQUAL, 1, 0, calls.arch), no_such_call]
     instructions.append((LOAD_WORD, 0, 0, NR_OFFSET))
     if machine == "x86_64":  # x32 numbers carry this bit
         instructions += [(JUMP_IF_AT_LEAST, 0, 1, X32_SYSCALL_BIT), no_such_call]
-    # io_uring: each check jumps to the ENOSYS after the last; the last one's "false" skips that return.
-    last = len(IO_URING_CALLS) - 1
-    instructions += [(JUMP_IF_EQUAL, last - i, int(i == last), nr) for i, nr in enumerate(IO_URING_CALLS)]
+    # Refused calls: each check jumps to the ENOSYS after the last; the last one's "false" skips that return.
+    last = len(calls.refused) - 1
+    instructions += [(JUMP_IF_EQUAL, last - i, int(i == last), nr) for i, nr in enumerate(calls.refused)]
     instructions.append(no_such_call)
+    # clone or unshare with CLONE_NEWUSER in their flags (the first argument of both): EPERM.
+    instructions += [
+        (JUMP_IF_EQUAL, 1, 0, calls.clone),
+        (JUMP_IF_EQUAL, 0, 3, calls.unshare),
+        (LOAD_WORD, 0, 0, FIRST_ARGUMENT_OFFSET),
+        (JUMP_IF_ANY_BIT, 0, 1, CLONE_NEWUSER),
+        (RETURN, 0, 0, SECCOMP_RET_ERRNO | errno.EPERM),
+        (LOAD_WORD, 0, 0, NR_OFFSET),
+    ]
     # Any call but socket: allowed. socket: its family must be one of ours (each check jumps to the last "allow").
-    instructions += [(JUMP_IF_EQUAL, 1, 0, socket_nr), allow, (LOAD_WORD, 0, 0, FIRST_ARGUMENT_OFFSET)]
+    instructions += [(JUMP_IF_EQUAL, 1, 0, calls.socket), allow, (LOAD_WORD, 0, 0, FIRST_ARGUMENT_OFFSET)]
     families = len(ALLOWED_SOCKET_FAMILIES)
     instructions += [(JUMP_IF_EQUAL, families - i, 0, family) for i, family in enumerate(ALLOWED_SOCKET_FAMILIES)]
     instructions += [(RETURN, 0, 0, SECCOMP_RET_ERRNO | errno.EAFNOSUPPORT), allow]
@@ -70,7 +105,7 @@ def install() -> None:
     """Load the filter into the calling process (needs PR_SET_NO_NEW_PRIVS or CAP_SYS_ADMIN). A machine the filter
     does not know gets none (its socket families are then unfiltered)."""
     machine = platform.machine()
-    if machine not in ARCHITECTURES:
+    if machine not in MACHINES:
         return
     instructions = program(machine)
     filters = (_SockFilter * len(instructions))(*(_SockFilter(*i) for i in instructions))

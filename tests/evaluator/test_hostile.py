@@ -77,3 +77,49 @@ def test_failing_reference_is_an_evaluator_error(client: httpx.Client) -> None:
     result = evaluate(client, sources.CORRECT, reference=reference)
     assert result["status"] == "evaluator_error" and "reference bug" in result["message"]
     assert result["compiled"] is False and result["correct"] is False
+
+
+# sources.CORRECT, after making 1,500 nested directories in its home.
+DEEP_DIRECTORIES = (
+    "import os\n"
+    "_fd = os.open('.', os.O_RDONLY)\n"
+    "for _ in range(1500):\n"
+    "    os.mkdir('d', dir_fd=_fd)\n"
+    "    _next = os.open('d', os.O_RDONLY, dir_fd=_fd)\n"
+    "    os.close(_fd)\n"
+    "    _fd = _next\n"
+    "os.close(_fd)\n" + sources.CORRECT
+)
+
+# Opens files until the kernel refuses one, and says how many it got.
+OPEN_FILES = """
+import os
+import torch
+
+class ModelNew(torch.nn.Module):
+    pass
+
+fds = []
+try:
+    while len(fds) < 5000:
+        fds.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:
+    pass
+raise RuntimeError(f"opened {len(fds)} files")
+"""
+
+
+def test_a_job_that_leaves_deep_directories_keeps_its_verdict_and_its_uid(any_client: httpx.Client) -> None:
+    """Removing its home must not fail on depth: shutil.rmtree recursed once per level, so the job's RecursionError
+    became evaluator_error, and its uid and cgroup were never given back (18 such jobs ended every later request)."""
+    for _ in range(3):
+        result = evaluate(any_client, DEEP_DIRECTORIES, timing_trials=0)
+        assert result["status"] == "correct", result["message"]
+    assert_still_correct(any_client)
+
+
+def test_a_job_opens_at_most_its_share_of_the_host_file_table(any_client: httpx.Client) -> None:
+    result = evaluate(any_client, OPEN_FILES, timing_trials=0)
+    assert result["status"] == "compile_error" and "opened" in result["message"], result["message"]
+    opened = int(result["message"].rsplit("opened ", 1)[1].split()[0])
+    assert opened < 1024, result["message"]

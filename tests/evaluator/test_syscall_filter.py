@@ -1,9 +1,11 @@
-"""The workers' seccomp filter, installed in a real process: unix and inet sockets work, netlink and packet sockets
-and io_uring do not, and children inherit it."""
+"""The workers' seccomp filter, installed in a real process: unix and inet sockets, threads and child processes
+work; netlink and packet sockets, io_uring, perf events, kernel keys and new user namespaces do not, and children
+inherit it."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,8 +16,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Installs the filter as a worker does (no new privileges first), then reports what each call gave.
 PROBE = """
-import ctypes, errno, json, os, socket, subprocess, sys
+import ctypes, errno, json, os, platform, socket, subprocess, sys, threading
 from services.evaluator import syscall_filter
+calls = syscall_filter.MACHINES[platform.machine()]
 libc = ctypes.CDLL(None, use_errno=True)
 libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
 syscall_filter.install()
@@ -29,6 +32,14 @@ for name in ("AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK", "AF_PACKET"):
 setup = libc.syscall(425, 4, None)  # io_uring_setup on x86-64 and arm64 alike
 results["io_uring_setup"] = "ok" if setup >= 0 else errno.errorcode[ctypes.get_errno()]
 results["socketpair"] = "ok" if socket.socketpair() else "failed"
+for name, nr in zip(("perf_event_open", "bpf", "userfaultfd", "add_key", "request_key", "keyctl"), calls.refused[4:]):
+    results[name] = "ok" if libc.syscall(nr, 0, 0, 0, 0, 0) >= 0 else errno.errorcode[ctypes.get_errno()]
+results["unshare_user"] = "ok" if libc.unshare(0x10000000) == 0 else errno.errorcode[ctypes.get_errno()]
+results["unshare_ipc"] = "ok" if libc.unshare(0x08000000) == 0 else errno.errorcode[ctypes.get_errno()]
+ran = []
+thread = threading.Thread(target=ran.append, args=(1,))
+thread.start(); thread.join()
+results["thread"] = "ok" if ran else "failed"
 child = "import socket\\ntry:\\n socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 2)\\n print('ok')\\nexcept OSError as e:\\n print(e.errno)"
 results["child_netlink"] = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True).stdout.strip()
 print(json.dumps(results))
@@ -44,4 +55,9 @@ def test_the_filter_allows_unix_and_inet_sockets_only() -> None:
     assert results["AF_UNIX"] == results["AF_INET"] == results["AF_INET6"] == results["socketpair"] == "ok"
     assert results["AF_NETLINK"] == results["AF_PACKET"] == "EAFNOSUPPORT", results
     assert results["io_uring_setup"] == "ENOSYS", results
+    refused = ("perf_event_open", "bpf", "userfaultfd", "add_key", "request_key", "keyctl")
+    assert {results[name] for name in refused} == {"ENOSYS"}, results
+    assert results["unshare_user"] == "EPERM" and results["thread"] == "ok", results
+    # Other namespaces are the kernel's to allow (here: not without CAP_SYS_ADMIN, which an unprivileged run lacks).
+    assert results["unshare_ipc"] != "EPERM" or os.geteuid() != 0, results
     assert results["child_netlink"] == "97", results  # EAFNOSUPPORT in a child too
