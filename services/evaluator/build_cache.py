@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from services.evaluator import cuda_headers, pch, split_build
+from services.evaluator import allowed_flags, cuda_headers, pch, split_build
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +189,12 @@ def parse_request(event: dict[str, Any], device: str, allow_split: bool = True) 
             raise BuildRequestError("load() needs source files with plain names")
         arguments.pop("sources", None)
     arguments = {name: value for name, value in arguments.items() if name not in NON_KEY_ARGS}
+    for name in ("extra_cflags", "extra_cuda_cflags", "extra_ldflags"):
+        flags = arguments.get(name) or []
+        try:
+            allowed_flags.check(name, [flags] if isinstance(flags, str) else flags)
+        except allowed_flags.BuildFlagError as error:
+            raise BuildRequestError(str(error)) from error
     _merge_flags(arguments, device)
     if allow_split and kind == "load_inline" and device == "cuda" and split_build.enabled():
         binding = split_build.expected_binding(arguments, build_flags(device)["extra_cflags"])

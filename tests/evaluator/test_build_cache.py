@@ -63,3 +63,15 @@ def test_a_library_a_job_rewrote_is_built_again(process_client: httpx.Client) ->
     assert again["status"] == "correct" and again["cache_hit"] is False, again["message"]
     cached = evaluate(process_client, sources.CPP_CORRECT)
     assert cached["status"] == "correct" and cached["cache_hit"] is True, cached["message"]
+
+
+def test_a_flag_that_runs_a_program_in_the_builder_is_refused(client: httpx.Client) -> None:
+    """`-wrapper` makes g++ run each of its steps under a program of the candidate's choosing (a red-team candidate
+    ran its own Python in the builder that way); `/usr/bin/env` passes the steps through, so without the allow-list
+    the build succeeds and the candidate scores correct."""
+    candidate = sources.CPP_CORRECT.replace(
+        'functions=["scaled_relu"])', 'functions=["scaled_relu"], extra_ldflags=["-wrapper", "/usr/bin/env"])'
+    )
+    assert candidate != sources.CPP_CORRECT
+    result = evaluate(client, candidate, timeout_s=600)
+    assert result["status"] == "compile_error" and "'-wrapper'" in result["message"], result["message"]
