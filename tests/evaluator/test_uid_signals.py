@@ -71,11 +71,15 @@ def signaller() -> Iterator[UidSignaller]:
     sender.close()
 
 
+GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+
+
 def uid_processes(uid: int) -> list[psutil.Process]:
     return [
         p
         for p in psutil.process_iter(["uids", "status"])
-        if p.info["uids"] and p.info["uids"].real == uid and p.info["status"] != psutil.STATUS_ZOMBIE
+        # A zombie or a process the kernel is reaping (state X, seen once in a full run) runs nothing.
+        if p.info["uids"] and p.info["uids"].real == uid and p.info["status"] not in GONE
     ]
 
 
