@@ -3,10 +3,11 @@ trials, in the reference's timer (runner.check_saved_output) for the full checks
 
 Outputs arrive as files a worker wrote, and the worker is hostile: everything here treats a file's path, size,
 format and contents as the candidate's to choose. Files are opened without following symlinks and refused above a
-size the reference outputs justify (`safe_files`), parsed as data only (`torch.load(weights_only=True)` of a plain,
-uncompressed torch zip archive), then checked for shape before any value is looked at: at most MAX_LEAVES leaves
-and MAX_DEPTH levels of lists, plain dense CPU tensors only. A candidate whose file fails any of this is
-`incorrect`, never an exception in the service; a comparison that outlives its deadline says so (`timed_out`).
+size the reference outputs justify (`safe_files`), read strictly as an archive torch.save writes (`torch_archive`),
+parsed as data only (`torch.load(weights_only=True)`), then checked for shape before any value is looked at: at
+most MAX_LEAVES leaves and MAX_DEPTH levels of lists, plain dense CPU tensors only. A candidate whose file fails
+any of this is `incorrect`, never an exception in the service; a comparison that outlives its deadline says so
+(`timed_out`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import io
 import math
 import os
 import time
-import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +23,7 @@ from typing import Any, BinaryIO
 
 import torch
 
+from services.evaluator import torch_archive
 from services.evaluator.safe_files import FileTooLargeError, read_file_beneath
 
 # Default tolerances by reference dtype (absolute and relative alike).
@@ -38,6 +39,12 @@ CHUNK_ELEMENTS = 1 << 22
 # and inputs_after), plus per-leaf pickle and zip headers, plus this much.
 OUTPUT_SLACK_BYTES = 1 << 20
 LEAF_OVERHEAD_BYTES = 1024
+# An output file's archive: a record per leaf of the outputs and of the inputs after the call, and torch.save's
+# half a dozen of its own; a pickle of at most LEAF_OVERHEAD_BYTES a leaf; objects at most this deep (MAX_DEPTH
+# lists, a tensor's rebuild arguments, the file's dict).
+MAX_RECORDS = 2 * MAX_LEAVES + 16
+MAX_PICKLE_BYTES = 2 * MAX_LEAVES * LEAF_OVERHEAD_BYTES + OUTPUT_SLACK_BYTES
+MAX_PICKLE_NESTING = MAX_DEPTH + 16
 _INT64 = (-(2**63), 2**63 - 1)
 
 TIME_LIMIT_MESSAGE = "comparison exceeded the time limit"
@@ -62,26 +69,15 @@ class ComparisonTimeoutError(Exception):
     """The deadline given to `compare_trial` passed."""
 
 
-def _check_archive(data: BinaryIO, size: int) -> None:
-    """Refuse anything but a torch zip archive of stored (uncompressed) records that fit in its `size` bytes.
-
-    torch.load also reads the legacy (non-zip) format and deflated records; neither comes from torch.save as our
-    runner calls it, and both let a small file make the loader allocate far more than its size.
-    """
-    if data.read(4) != b"PK\x03\x04":
-        raise MalformedDataError("not a torch zip archive")
+def _check_archive(handle: BinaryIO, size: int) -> None:
+    """Refuse anything torch.load could read differently from how torch.save wrote it (torch_archive), with room
+    for the records and pickle of MAX_LEAVES outputs and as many inputs."""
     try:
-        with zipfile.ZipFile(data) as archive:
-            entries = archive.infolist()
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError) as exc:
-        raise MalformedDataError(f"not a readable zip archive ({exc})") from exc
-    total = 0
-    for entry in entries:
-        if entry.compress_type != zipfile.ZIP_STORED or entry.compress_size != entry.file_size:
-            raise MalformedDataError("zip archive has compressed records")
-        total += entry.file_size
-    if total > size:
-        raise MalformedDataError("zip archive declares more data than it holds")
+        torch_archive.check(
+            handle, size, max_records=MAX_RECORDS, max_pickle_bytes=MAX_PICKLE_BYTES, max_nesting=MAX_PICKLE_NESTING
+        )
+    except torch_archive.UnsafeArchiveError as error:
+        raise MalformedDataError(str(error)) from error
 
 
 def load_data(data: bytes) -> Any:

@@ -275,6 +275,58 @@ DEEP_ERROR_MESSAGE_WRONG = candidate(
 )
 
 
+# A hand-made torch archive whose pickle is {key: None}, the key a tuple nested 300,000 deep. Unpickling hashes the
+# key by recursion in C: whichever process parsed it died with SIGSEGV.
+_DEEP_KEY_ARCHIVE = """
+import io, os, sys, zipfile
+
+def _deep_key_archive():
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("archive/data.pkl", b"\\x80\\x02})" + b"\\x85" * 300_000 + b"Ns.")
+        archive.writestr("archive/byteorder", "little")
+        archive.writestr("archive/version", "3\\n")
+    return buffer.getvalue()
+"""
+# Rewrites trial 0's saved output during trial 1's call: the service parsed it (correctness phase) and died.
+DEEP_KEY_OUTPUT = candidate(
+    """if os.path.exists("out/0.pt"):
+    with open("out/0.pt", "wb") as handle:
+        handle.write(_deep_key_archive())
+return x.clamp_min(0) * self.scale""",
+    prelude=_DEEP_KEY_ARCHIVE,
+)
+# Once timing has begun, wraps the worker's `emit` (an instance attribute, which the guard does not watch) so that
+# the output saved for each timed call's check is overwritten with the archive just before `saved` goes out: the
+# reference's timer parsed it and died.
+DEEP_KEY_CHECK = candidate(
+    "if not _hooked:\n    _hook()\nreturn x.clamp_min(0) * self.scale",
+    prelude=_DEEP_KEY_ARCHIVE
+    + """
+import gc, glob
+_hooked = []
+
+def _hook():
+    frame = sys._getframe()
+    while frame is not None and frame.f_code.co_name != "serve_timing":
+        frame = frame.f_back
+    if frame is None:
+        return
+    for obj in gc.get_objects():
+        if type(obj).__name__ == "WorkerContext":
+            def emit(event, _real=obj.emit, **fields):
+                if event == "saved":
+                    for path in glob.glob("checks/*/0.pt"):
+                        with open(path, "wb") as handle:
+                            handle.write(_deep_key_archive())
+                return _real(event, **fields)
+            obj.emit = emit
+            _hooked.append(obj)
+            return
+""",
+)
+
+
 # A problem heavy enough that 1/16 of its work is resolved by the judge's clock: ten rounds of sin, then a ReLU
 # (half of the outputs exactly 0).
 HEAVY_REFERENCE = """

@@ -34,6 +34,8 @@ CASES = {
         ["result_tampering"],
     ),
     "stale_then_forged_error": (sources.STALE_THEN_FORGED_ERROR, "rejected", "stale_output", ["stale_output"]),
+    "deep_key_output": (sources.DEEP_KEY_OUTPUT, "incorrect", "nested deeper", []),
+    "deep_key_check": (sources.DEEP_KEY_CHECK, "rejected", "not the one its timed call produced", ["result_tampering"]),
 }
 
 

@@ -1,0 +1,289 @@
+"""What a candidate's saved file must be before torch.load may read it: the zip archive torch.save writes, read
+strictly, and a pickle no deeper than our runner's outputs.
+
+torch.load reads archives with miniz, and nothing else we could call sees them as miniz does: Python's zipfile, for
+one, finds the central directory at the end-of-central-directory record's position minus its size, where miniz
+takes the offset the record states. A file that gives the two different directories passes a zipfile check and
+loads records it never saw (deflated ones: 262 KB that inflated to 256 MiB). So this module reads the archive
+itself and refuses every place where readers may disagree: the end record not last or with a comment, a directory
+not ending where the end record starts, offsets outside, overlapping or out of order, local headers that do not
+match the directory, names that differ only in case (miniz looks names up case-insensitively), encryption flags,
+anything but stored records.
+
+torch's weights-only unpickler is safe by type, not by shape: a dict key that is a tuple nested a few hundred
+thousand deep is hashed by recursion in C and kills the process (the service's, in the correctness phase). So the
+pickle is read opcode by opcode first (pickletools, iterative), with a model of its stack that knows how deep each
+object is, and refused past `max_nesting` or at any opcode that torch.save never writes.
+"""
+
+from __future__ import annotations
+
+import pickletools
+import re
+import struct
+from dataclasses import dataclass
+from typing import BinaryIO
+
+
+class UnsafeArchiveError(ValueError):
+    """The file is not an archive torch.save writes, or is one that the loader could read differently."""
+
+
+_END = struct.Struct("<4sHHHHIIH")
+_ZIP64_LOCATOR = struct.Struct("<4sIQI")
+_ZIP64_END = struct.Struct("<4sQHHIIQQQQ")
+_CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")
+_LOCAL = struct.Struct("<4sHHHHHIIIHH")
+_END_SIGNATURE = b"PK\x05\x06"
+_ZIP64_LOCATOR_SIGNATURE = b"PK\x06\x07"
+_ZIP64_END_SIGNATURE = b"PK\x06\x06"
+_CENTRAL_SIGNATURE = b"PK\x01\x02"
+_LOCAL_SIGNATURE = b"PK\x03\x04"
+_ZIP64_EXTRA_ID = 0x0001
+_ZIP64_END_RECORD_SIZE = _ZIP64_END.size - 12  # the record's own size field counts what follows it
+# General-purpose flags torch.save sets: sizes in a data descriptor after the data (bit 3), UTF-8 names (bit 11).
+_ALLOWED_FLAGS = 0x0008 | 0x0800
+_U16 = 0xFFFF
+_U32 = 0xFFFFFFFF
+# torch.save's record names: "<archive>/data.pkl", "<archive>/data/0", "<archive>/.format_version", ...
+_RECORD_NAME = re.compile(rb"[A-Za-z0-9_.][A-Za-z0-9_./-]{0,254}")
+# Each directory entry: its fixed part, a name of at most 255 bytes, and a zip64 extra field.
+_MAX_CENTRAL_ENTRY = _CENTRAL.size + 255 + 32
+
+# The opcodes torch.save (pickle protocol 2) writes, all of which torch's weights-only unpickler reads. Objects
+# that hold nothing (depth 0) and empty containers (depth 1); the rest are modelled in `check_pickle`.
+_ATOMS = {"GLOBAL", "NONE", "NEWFALSE", "NEWTRUE", "BININT", "BININT1", "BININT2", "LONG1", "BINFLOAT", "BINUNICODE"}
+_EMPTY = {"EMPTY_TUPLE", "EMPTY_LIST", "EMPTY_DICT"}
+
+
+@dataclass(frozen=True)
+class Record:
+    name: bytes
+    header_offset: int
+    data_offset: int
+    size: int
+
+
+def _read_at(handle: BinaryIO, offset: int, size: int) -> bytes:
+    handle.seek(offset)
+    data = handle.read(size)
+    if len(data) != size:
+        raise UnsafeArchiveError("the archive is truncated")
+    return data
+
+
+def _directory_place(handle: BinaryIO, size: int) -> tuple[int, int, int]:
+    """(entries, directory offset, directory size) from the end record, which must be the file's last bytes, and
+    from the zip64 one where a locator precedes it; the directory must end where those records begin."""
+    if size < _END.size:
+        raise UnsafeArchiveError("not a zip archive")
+    signature, disk, directory_disk, disk_entries, entries, directory_size, directory_offset, comment = _END.unpack(
+        _read_at(handle, size - _END.size, _END.size)
+    )
+    if signature != _END_SIGNATURE or comment != 0:
+        raise UnsafeArchiveError("the archive does not end with its end-of-central-directory record")
+    if disk != 0 or directory_disk != 0 or disk_entries != entries:
+        raise UnsafeArchiveError("a multi-disk archive")
+    directory_end = size - _END.size
+    locator_offset = directory_end - _ZIP64_LOCATOR.size
+    if locator_offset >= 0 and _read_at(handle, locator_offset, 4) == _ZIP64_LOCATOR_SIGNATURE:
+        _, zip64_disk, zip64_offset, disks = _ZIP64_LOCATOR.unpack(
+            _read_at(handle, locator_offset, _ZIP64_LOCATOR.size)
+        )
+        if zip64_disk != 0 or disks != 1 or zip64_offset != locator_offset - _ZIP64_END.size:
+            raise UnsafeArchiveError("the zip64 locator does not point just before itself")
+        fields = _ZIP64_END.unpack(_read_at(handle, zip64_offset, _ZIP64_END.size))
+        signature, record_size, _, _, disk, directory_disk, disk_entries64, entries64, size64, offset64 = fields
+        if signature != _ZIP64_END_SIGNATURE or record_size != _ZIP64_END_RECORD_SIZE:
+            raise UnsafeArchiveError("a malformed zip64 end-of-central-directory record")
+        if disk != 0 or directory_disk != 0 or disk_entries64 != entries64:
+            raise UnsafeArchiveError("a multi-disk archive")
+        # Each 32-bit field either says "see zip64" or agrees with it, so no reader can take the other value.
+        for narrow, wide, sentinel in ((entries, entries64, _U16), (directory_size, size64, _U32),
+                                       (directory_offset, offset64, _U32)):  # fmt: skip
+            if narrow not in (wide, sentinel):
+                raise UnsafeArchiveError("the zip64 and 32-bit end records disagree")
+        entries, directory_size, directory_offset, directory_end = entries64, size64, offset64, zip64_offset
+    elif _U16 == entries or _U32 in (directory_size, directory_offset):
+        raise UnsafeArchiveError("a zip64 field without a zip64 end record")
+    if directory_offset + directory_size != directory_end:
+        raise UnsafeArchiveError("the central directory does not end where the end-of-central-directory record starts")
+    return entries, directory_offset, directory_size
+
+
+def _zip64_values(extra: bytes, wanted: int) -> list[int]:
+    """The first `wanted` 64-bit values of the entry's one zip64 extra field."""
+    found: list[int] | None = None
+    position = 0
+    while position < len(extra):
+        if position + 4 > len(extra):
+            raise UnsafeArchiveError("a malformed extra field")
+        field_id, field_size = struct.unpack_from("<HH", extra, position)
+        body = extra[position + 4 : position + 4 + field_size]
+        if len(body) != field_size:
+            raise UnsafeArchiveError("a malformed extra field")
+        if field_id == _ZIP64_EXTRA_ID:
+            if found is not None or field_size < 8 * wanted:
+                raise UnsafeArchiveError("a malformed zip64 extra field")
+            found = list(struct.unpack_from(f"<{wanted}Q", body))
+        position += 4 + field_size
+    if wanted and found is None:
+        raise UnsafeArchiveError("a zip64 field without its extra field")
+    return found or []
+
+
+def records(handle: BinaryIO, size: int, max_records: int) -> list[Record]:
+    """The archive's records as miniz will find them, in the central directory's order, or UnsafeArchiveError."""
+    if _read_at(handle, 0, 4) != _LOCAL_SIGNATURE:
+        raise UnsafeArchiveError("not a torch zip archive")
+    entries, directory_offset, directory_size = _directory_place(handle, size)
+    if not 0 < entries <= max_records:
+        raise UnsafeArchiveError(f"the archive has {entries} records, at most {max_records} are allowed")
+    if directory_size > entries * _MAX_CENTRAL_ENTRY:
+        raise UnsafeArchiveError("the central directory is larger than its entries")
+    directory = _read_at(handle, directory_offset, directory_size)
+    found: list[Record] = []
+    names: set[bytes] = set()
+    position = 0
+    for _ in range(entries):
+        if position + _CENTRAL.size > len(directory):
+            raise UnsafeArchiveError("the central directory is truncated")
+        fields = _CENTRAL.unpack_from(directory, position)
+        signature, _, _, flags, method, _, _, _, packed, unpacked, name_size, extra_size, comment_size = fields[:13]
+        disk, header_offset = fields[14], fields[16]
+        name = directory[position + _CENTRAL.size : position + _CENTRAL.size + name_size]
+        extra_start = position + _CENTRAL.size + name_size
+        extra = directory[extra_start : extra_start + extra_size]
+        position = extra_start + extra_size + comment_size
+        if signature != _CENTRAL_SIGNATURE or position > len(directory):
+            raise UnsafeArchiveError("a malformed central directory entry")
+        if flags & ~_ALLOWED_FLAGS or method != 0 or comment_size or disk not in (0, _U16):
+            raise UnsafeArchiveError("an archive record that is compressed, encrypted or otherwise not stored plainly")
+        # zip64 values follow in this order, each only where its 32-bit field is saturated (APPNOTE 4.5.3).
+        narrow = [unpacked, packed, header_offset]
+        wide = iter(_zip64_values(extra, sum(value == _U32 for value in narrow)))
+        unpacked, packed, header_offset = (next(wide) if value == _U32 else value for value in narrow)
+        if disk == _U16:
+            raise UnsafeArchiveError("a multi-disk archive")
+        if packed != unpacked:
+            raise UnsafeArchiveError("an archive record that is compressed")
+        if not _RECORD_NAME.fullmatch(name) or name.lower() in names:
+            raise UnsafeArchiveError(f"an unexpected or repeated record name {name[:64]!r}")
+        names.add(name.lower())
+        found.append(Record(name, header_offset, 0, unpacked))
+    if position != len(directory):
+        raise UnsafeArchiveError("the central directory holds more than its entries")
+    placed: dict[bytes, Record] = {}
+    end = 0
+    for record in sorted(found, key=lambda record: record.header_offset):
+        if record.header_offset < end:
+            raise UnsafeArchiveError("archive records overlap")
+        fields = _LOCAL.unpack(_read_at(handle, record.header_offset, _LOCAL.size))
+        signature, _, flags, method, name_size, extra_size = fields[0], fields[1], fields[2], fields[3], *fields[9:]
+        data_offset = record.header_offset + _LOCAL.size + name_size + extra_size
+        if signature != _LOCAL_SIGNATURE or flags & ~_ALLOWED_FLAGS or method != 0:
+            raise UnsafeArchiveError("a local header that does not match the central directory")
+        if _read_at(handle, record.header_offset + _LOCAL.size, name_size) != record.name:
+            raise UnsafeArchiveError("a local header that does not match the central directory")
+        end = data_offset + record.size
+        if end > directory_offset:
+            raise UnsafeArchiveError("an archive record runs into the central directory")
+        placed[record.name] = Record(record.name, record.header_offset, data_offset, record.size)
+    return [placed[record.name] for record in found]
+
+
+def pickle_record(found: list[Record]) -> Record:
+    """The record torch.load unpickles: `data.pkl` in the directory named by the first entry of the central
+    directory (names are unique without regard to case, so miniz's case-blind lookup finds this one)."""
+    archive, slash, _ = found[0].name.partition(b"/")
+    wanted = archive.lower() + b"/data.pkl"
+    for record in found:
+        if slash and record.name.lower() == wanted:
+            return record
+    raise UnsafeArchiveError("the archive has no data.pkl")
+
+
+def check(handle: BinaryIO, size: int, *, max_records: int, max_pickle_bytes: int, max_nesting: int) -> None:
+    """Refuse (UnsafeArchiveError) anything but an archive of the shape torch.save writes, whose pickle is at most
+    `max_pickle_bytes` long and builds nothing nested deeper than `max_nesting`."""
+    found = records(handle, size, max_records)
+    data = pickle_record(found)
+    if data.size > max_pickle_bytes:
+        raise UnsafeArchiveError(f"the archive's pickle has {data.size} bytes, at most {max_pickle_bytes} are allowed")
+    check_pickle(_read_at(handle, data.data_offset, data.size), max_nesting)
+
+
+def check_pickle(data: bytes, max_nesting: int) -> None:
+    """Refuse a pickle with an opcode torch.save never writes, or one that builds an object nested deeper than
+    `max_nesting` (containers, reduce arguments, persistent ids and built state all count a level)."""
+
+    class Node:
+        __slots__ = ("depth",)
+
+        def __init__(self, depth: int) -> None:
+            self.depth = depth
+
+    def holding(items: list[Node]) -> Node:
+        return grown(Node(1), items)
+
+    def grown(node: Node, items: list[Node]) -> Node:
+        node.depth = max([node.depth, *(item.depth + 1 for item in items)])
+        if node.depth > max_nesting:
+            raise UnsafeArchiveError(f"the saved data is nested deeper than {max_nesting} levels")
+        return node
+
+    stack: list[Node] = []
+    marks: list[list[Node]] = []
+    memo: dict[object, Node] = {}
+    try:
+        for opcode, argument, _ in pickletools.genops(data):
+            name = opcode.name
+            if name in _ATOMS:
+                stack.append(Node(0))
+            elif name in _EMPTY:
+                stack.append(Node(1))
+            elif name == "MARK":
+                marks.append(stack)
+                stack = []
+            elif name == "TUPLE":
+                items, stack = stack, marks.pop()
+                stack.append(holding(items))
+            elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
+                count = int(name[-1])
+                if len(stack) < count:
+                    raise IndexError
+                items = stack[-count:]
+                del stack[-count:]
+                stack.append(holding(items))
+            elif name in ("APPENDS", "SETITEMS"):
+                items, stack = stack, marks.pop()
+                grown(stack[-1], items)
+            elif name in ("APPEND", "BUILD"):
+                item = stack.pop()
+                grown(stack[-1], [item])
+            elif name == "SETITEM":
+                value, key = stack.pop(), stack.pop()
+                grown(stack[-1], [key, value])
+            elif name == "REDUCE":
+                arguments = stack.pop()
+                stack[-1] = holding([stack[-1], arguments])
+            elif name == "BINPERSID":
+                stack[-1] = holding([stack[-1]])
+            elif name in ("BINPUT", "LONG_BINPUT"):
+                memo[argument] = stack[-1]
+            elif name in ("BINGET", "LONG_BINGET"):
+                stack.append(memo[argument])
+            elif name == "PROTO":
+                if argument != 2:
+                    raise UnsafeArchiveError(f"pickle protocol {argument}, torch.save writes 2")
+            elif name == "STOP":
+                if len(stack) != 1 or marks:
+                    raise UnsafeArchiveError("a pickle that does not end with one object")
+            else:
+                raise UnsafeArchiveError(f"the pickle opcode {name}, which torch.save does not write")
+    except (IndexError, KeyError) as error:
+        raise UnsafeArchiveError("a malformed pickle") from error
+    except ValueError as error:  # pickletools: a truncated argument or an unknown opcode
+        if isinstance(error, UnsafeArchiveError):
+            raise
+        raise UnsafeArchiveError(f"a malformed pickle ({error})") from error
