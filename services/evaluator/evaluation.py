@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import logging
 import math
@@ -19,7 +20,7 @@ import secrets
 import signal
 import statistics
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -372,6 +373,9 @@ class Judge:
         self.pool, self.settings = evaluator.pool, evaluator.settings
         self.gpu = self.pool.placement(device)
         self.checks = 0
+        # Largest file saved for a check: a timed call's outputs are shaped as the correctness trials' are.
+        largest = max(output_size_limit(expected, []) for expected in reference.expected)
+        self.check_file_limit = min(self.settings.max_file_mb << 20, largest)
         self.builds = 0
         # Seeds of input sets drawn in this evaluation (the correctness sets' too): timed calls never repeat one.
         self.used_seeds = {(seed + 1 + trial) % (1 << 32) for trial in range(self.trials + RECHECK_SETS)}
@@ -912,10 +916,8 @@ class Judge:
             raise CandidateFailure
         # The saved file goes to the timer as a copy in a directory only the service writes: the job owns its
         # `checks` directory and could change its file while the timer reads it.
-        expected_limit = max(output_size_limit(expected, []) for expected in self.reference.expected)
-        limit = min(self.settings.max_file_mb << 20, expected_limit)
         try:
-            await asyncio.to_thread(_hand_over_check, candidate, self.timer, self.checks, limit)
+            await asyncio.to_thread(_hand_over_check, candidate, self.timer, self.checks, self.check_file_limit)
         except (OSError, ValueError) as error:  # no single regular file of the job's, or larger than an output
             log.info("check %d: the saved output was refused: %s", self.checks, error)
             return False
@@ -946,11 +948,7 @@ class Judge:
         recheck = self.trials  # the reference's extra set
         if not await asyncio.to_thread(_hand_over_one, self.timer, self.reference, recheck):
             raise EvaluatorFailure("the reference timer's inputs directory is not the one the service made")
-        try:
-            handed = await asyncio.to_thread(_hand_over_one, candidate, self.reference, recheck)
-        except OSError:
-            handed = False
-        if not handed:
+        if not await asyncio.to_thread(_hand_over_one, candidate, self.reference, recheck):
             self.run_state.flags["result_tampering"] = "the job replaced the inputs directory the service gave it"
             raise CandidateFailure
         # The timer's output on the set is what the candidate's is checked against (_check).
@@ -1186,35 +1184,60 @@ def _hand_over(worker: Worker, reference: ReferenceData, trials: range) -> None:
     inputs_dir.chmod(0o555)
 
 
-def _hand_over_check(candidate: Worker, timer: Worker, check: int, limit: int) -> None:
-    """Copy the output file a candidate saved for a check into the timer's `inputs`, through a handle on that
-    directory (never by path) and from the candidate's file opened without following links (safe_files)."""
-    directory = open_beneath(timer.root, "home/inputs", directory=True)
+class _ForeignInputsError(OSError):
+    """A worker's `inputs` directory is not the one the service made."""
+
+
+# Errors of a copy into a worker's `inputs` that come from the service's side (its disk full or failing), not from
+# the candidate's file: the judge's failure, never the candidate's verdict.
+_JUDGE_SIDE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})
+
+
+@contextlib.contextmanager
+def _writable_inputs(worker: Worker) -> Iterator[int]:
+    """A handle on the service's own `inputs` directory of a worker, writable while the block runs. Opened beneath
+    the worker's root, never by path (the job owns `home` and may have swapped `inputs` for a directory or links of
+    its own): _ForeignInputsError if its owner is not the service. The directory is read-only otherwise (0555,
+    _hand_over); a service that is not root (process isolation) needs its owner's write bit back to change it."""
+    directory = open_beneath(worker.root, "home/inputs", directory=True)
     try:
         if os.fstat(directory).st_uid != os.geteuid():
-            raise EvaluatorFailure("the reference timer's inputs directory is not the one the service made")
-        os.fchmod(directory, 0o755)  # _hand_over_one: the owner's write bit, for the copy only
+            raise _ForeignInputsError("the inputs directory is not the one the service made")
+        os.fchmod(directory, 0o755)
         try:
-            copy_file_beneath(
-                candidate.root, f"home/checks/{check}/0.pt", f"check_{check}.pt", limit, candidate.uid,
-                dir_fd=directory,
-            )  # fmt: skip
+            yield directory
         finally:
             os.fchmod(directory, 0o555)
     finally:
         os.close(directory)
 
 
+def _judge_side(error: OSError, what: str) -> None:
+    if error.errno in _JUDGE_SIDE_ERRNOS:
+        raise EvaluatorFailure(f"{what}: {error}") from error
+
+
+def _hand_over_check(candidate: Worker, timer: Worker, check: int, limit: int) -> None:
+    """Copy the output file a candidate saved for a check into the timer's `inputs` (_writable_inputs), from the
+    candidate's file opened without following links (safe_files). OSError or ValueError: the candidate's file is
+    not a single regular file of its own within `limit`; EvaluatorFailure: the copy failed on the service's side."""
+    try:
+        with _writable_inputs(timer) as directory:
+            copy_file_beneath(
+                candidate.root, f"home/checks/{check}/0.pt", f"check_{check}.pt", limit, candidate.uid,
+                dir_fd=directory,
+            )  # fmt: skip
+    except _ForeignInputsError as error:
+        raise EvaluatorFailure(f"the reference timer's {error}") from error
+    except OSError as error:
+        _judge_side(error, "the output saved for a check could not be copied to the reference timer")
+        raise
+
+
 def _remove_check(timer: Worker, check: int) -> None:
     """Remove a check's copy (_hand_over_check) once the timer has compared it: a long timing run makes many."""
-    directory = open_beneath(timer.root, "home/inputs", directory=True)
-    try:
-        os.fchmod(directory, 0o755)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(f"check_{check}.pt", dir_fd=directory)
-    finally:
-        os.fchmod(directory, 0o555)
-        os.close(directory)
+    with _writable_inputs(timer) as directory, contextlib.suppress(FileNotFoundError):
+        os.unlink(f"check_{check}.pt", dir_fd=directory)
 
 
 def _job_cpu_clocks(worker: Worker) -> dict[int, float]:
@@ -1289,27 +1312,17 @@ def _signal_jobs(workers: list[Worker], signum: int) -> list[int]:
 
 
 def _hand_over_one(worker: Worker, reference: ReferenceData, trial: int) -> bool:
-    """One more input set for a worker whose code has run: written through a handle on the service's own `inputs`
-    directory, never by path (the job owns `home` and may have swapped `inputs` for a directory or links of its
-    own). False if the directory is not the one the service made."""
-    directory = open_beneath(worker.root, "home/inputs", directory=True)
+    """One more input set for a worker whose code has run, written into its `inputs` (_writable_inputs). False if
+    that directory is not the one the service made; EvaluatorFailure if the write failed on the service's side."""
     try:
-        if os.fstat(directory).st_uid != os.geteuid():
-            return False
-        # The directory is read-only (0555, _hand_over); a service that is not root (process isolation) needs its
-        # owner's write bit back to add a file.
-        os.fchmod(directory, 0o755)
-        name = f"inputs_{trial}.pt"
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444, dir_fd=directory)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(reference.input_bytes[trial])
+        with _writable_inputs(worker) as directory:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            with os.fdopen(os.open(f"inputs_{trial}.pt", flags, 0o444, dir_fd=directory), "wb") as handle:
+                handle.write(reference.input_bytes[trial])
         return True
-    except OSError:
+    except OSError as error:
+        _judge_side(error, "an input set could not be handed over")
         return False
-    finally:
-        with contextlib.suppress(OSError):
-            os.fchmod(directory, 0o555)
-        os.close(directory)
 
 
 def _unconfirmed(result: EvaluationResult, why: str, message_chars: int) -> EvaluationResult:
