@@ -396,7 +396,10 @@ def check_saved_output(context: WorkerContext, expected: Any, command: dict[str,
     except Exception as error:  # the candidate's file: its verdict, never this worker's failure
         found["reason"] = f"unreadable output ({type(error).__name__}: {error})"[:500]
         return found
-    if not any(problems):
+    # Hashed only if shaped as `expected` is: leaves that all view one large storage would otherwise have it all
+    # hashed once per leaf, without a deadline. The block's outputs had the reference's shapes (the judge checks
+    # that first), so a file of other shapes is not what the call returned, and is committed to by none.
+    if not any(problems) and _shaped_as(leaves, compare.flatten(expected)):
         with contextlib.suppress(Exception):  # a structure no timed call returns was committed to by none
             if context.backend.name == "cuda":
                 found["commitment"] = output_digest.output_sketch_on(outputs, context.backend.device_string())
@@ -416,6 +419,18 @@ def check_saved_output(context: WorkerContext, expected: Any, command: dict[str,
     if errors:
         found["max_abs"], found["max_rel"] = max(e[0] for e in errors), max(e[1] for e in errors)
     return found
+
+
+def _shaped_as(leaves: list[Any], expected: list[Any]) -> bool:
+    """Whether the candidate's leaves have the count, types, shapes and dtypes of the trusted `expected` ones."""
+    if len(leaves) != len(expected):
+        return False
+    for leaf, want in zip(leaves, expected, strict=True):
+        if isinstance(want, torch.Tensor) != isinstance(leaf, torch.Tensor) or (want is None) != (leaf is None):
+            return False
+        if isinstance(want, torch.Tensor) and (leaf.shape != want.shape or leaf.dtype != want.dtype):
+            return False
+    return True
 
 
 def _seed_draw(seed: int, backend: KernelBackend) -> None:

@@ -388,6 +388,15 @@ def test_a_saved_output_with_overlapping_memory_is_not_hashed(tmp_path: Path) ->
     assert found["commitment"] is None and "overlapping" in found["reason"], found
 
 
+def test_leaves_that_share_one_storage_are_not_hashed_unless_shaped_as_expected(tmp_path: Path) -> None:
+    """4096 leaves that each view the same 4 MiB storage: one storage in the file, 16 GiB to hash leaf by leaf.
+    Not the reference's outputs, so nothing is hashed and the check says why at once."""
+    base = torch.zeros(1 << 20)
+    found = timer_check(tmp_path, [torch.ones(4)], [base] * 4096)
+    assert found["commitment"] is None, found
+    assert "returned 4096 outputs, expected 1" in found["reason"]
+
+
 def test_the_timer_check_reports_the_error_of_a_wrong_output(tmp_path: Path) -> None:
     found = timer_check(tmp_path, torch.zeros(4), torch.tensor([0.0, 0.0, 0.5, 0.0]))
     assert "differs beyond" in found["reason"] and found["max_abs"] == pytest.approx(0.5)
