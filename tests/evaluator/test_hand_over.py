@@ -47,7 +47,7 @@ def test_a_full_disk_on_the_timer_side_is_the_judges_failure(tmp_path: Path) -> 
     run = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", SCRIPT, str(tmp_path)],
         cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))},
         capture_output=True,
         text=True,
         timeout=120,
