@@ -155,6 +155,7 @@ def run_reference(context: WorkerContext, job: dict[str, Any]) -> None:
             seed_everything(seed + 1 + trial)
             inputs = _draw_inputs(backend, module, model, seed + 1 + trial, signed=trial % 2 == 1)
             _save(to_plain(inputs), context.home / f"inputs_{trial}.pt")
+            seed_everything(seed + 1 + trial)  # the candidate's call starts from the same random state (dropout)
             outputs = model(*backend.prepare_inputs(clone_inputs(inputs)))
             backend.synchronize()
             _save(to_plain(outputs), context.home / f"expected_{trial}.pt")
@@ -201,6 +202,8 @@ def run_candidate(context: WorkerContext, job: dict[str, Any]) -> None:
             for trial in range(job["trials"]):
                 # One trial's inputs in memory at a time, so GPU-sized problems fit the worker's memory limit.
                 args = context.backend.prepare_inputs(_load_inputs(inputs_dir / f"inputs_{trial}.pt"))
+                # The random state the reference's call started from: its inputs were drawn, these were loaded.
+                seed_everything(job["seed"] + 1 + trial)
                 outputs = model(*args)
                 context.backend.synchronize()
                 _save({"outputs": to_plain(outputs), "inputs_after": to_plain(args)}, out_dir / f"{trial}.pt")

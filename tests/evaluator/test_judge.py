@@ -724,3 +724,22 @@ def test_an_undumpable_job_cannot_hide_its_output_from_the_judge(process_client:
     assert result["status"] == "rejected" and "result_tampering" in result["flags"], result
     assert "made itself undumpable" in result["message"], result["message"]
     assert_still_correct(process_client)
+
+
+DROPOUT_REFERENCE = sources.REFERENCE.replace(
+    "return torch.relu(x) * self.scale",
+    "return torch.nn.functional.dropout(torch.relu(x), 0.5, training=True) * self.scale",
+)
+
+
+def test_a_reference_that_draws_random_numbers_in_its_call_is_matched_by_one_that_draws_the_same(
+    client: httpx.Client,
+) -> None:
+    """KernelBench's level2/66 (dropout): every call of the reference and of the candidate starts from the same
+    random state (the reference's inputs were drawn before its call, the candidate's loaded from a file), so a
+    candidate that draws the same mask is correct, and one that draws none is not."""
+    same = DROPOUT_REFERENCE.replace("class Model(", "class ModelNew(").split("def get_inputs")[0]
+    result = evaluate(client, same, DROPOUT_REFERENCE)
+    assert result["status"] == "correct", result["message"]
+    result = evaluate(client, sources.CORRECT, DROPOUT_REFERENCE)
+    assert result["status"] == "incorrect", result["message"]
