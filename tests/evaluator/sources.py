@@ -218,10 +218,9 @@ UNHASHABLE_EVENT_WRONG = candidate(
     prelude="import os\nFORGED = b'{\"event\": []}\\n'\n" + _FORGE,
 )
 
-# Rewrites its own replies through the worker's `emit` (an instance attribute) once timing has begun (found on
-# the stack: earlier, the guard reports the replaced `emit` with the correctness outputs): the timed block's
-# milliseconds become MS (unless None), and an `error` event of stage `run` goes out before `done`.
-_REWRITE_REPLIES = """
+# Wraps the worker's `emit` (an instance attribute, which the guard does not watch) in `wrapped_emit(emit)` once
+# timing has begun (found on the stack: earlier, the guard reports the replaced `emit` with the correctness outputs).
+_WRAP_EMIT = """
 import gc, sys
 _rewritten = []
 
@@ -233,19 +232,25 @@ def _rewrite():
         return
     for obj in gc.get_objects():
         if type(obj).__name__ == "WorkerContext":
-            real = obj.emit
-
-            def emit(event, _real=real, **fields):
-                if event == "block" and MS is not None:
-                    fields["ms"] = [MS for _ in fields["ms"]]
-                if event == "done":
-                    _real("error", stage="run", message="RuntimeError: out of memory")
-                return _real(event, **fields)
-
-            obj.emit = emit
+            obj.emit = wrapped_emit(obj.emit)
             _rewritten.append(obj)
             return
 """
+# Rewrites its own replies: the timed block's milliseconds become MS (unless None), and an `error` event of stage
+# `run` goes out before `done`.
+_REWRITE_REPLIES = (
+    _WRAP_EMIT
+    + """
+def wrapped_emit(real):
+    def emit(event, **fields):
+        if event == "block" and MS is not None:
+            fields["ms"] = [MS for _ in fields["ms"]]
+        if event == "done":
+            real("error", stage="run", message="RuntimeError: out of memory")
+        return real(event, **fields)
+    return emit
+"""
+)
 # A number too large for a float made a finiteness check raise OverflowError (evaluator_error): it is
 # result_tampering.
 OVERFLOWING_MS = candidate(
@@ -296,33 +301,23 @@ DEEP_KEY_OUTPUT = candidate(
 return x.clamp_min(0) * self.scale""",
     prelude=_DEEP_KEY_ARCHIVE,
 )
-# Once timing has begun, wraps the worker's `emit` (an instance attribute, which the guard does not watch) so that
-# the output saved for each timed call's check is overwritten with the archive just before `saved` goes out: the
+# Overwrites the output saved for each timed call's check with the archive just before `saved` goes out: the
 # reference's timer parsed it and died.
 DEEP_KEY_CHECK = candidate(
-    "if not _hooked:\n    _hook()\nreturn x.clamp_min(0) * self.scale",
+    "if not _rewritten:\n    _rewrite()\nreturn x.clamp_min(0) * self.scale",
     prelude=_DEEP_KEY_ARCHIVE
+    + _WRAP_EMIT
     + """
-import gc, glob
-_hooked = []
+import glob
 
-def _hook():
-    frame = sys._getframe()
-    while frame is not None and frame.f_code.co_name != "serve_timing":
-        frame = frame.f_back
-    if frame is None:
-        return
-    for obj in gc.get_objects():
-        if type(obj).__name__ == "WorkerContext":
-            def emit(event, _real=obj.emit, **fields):
-                if event == "saved":
-                    for path in glob.glob("checks/*/0.pt"):
-                        with open(path, "wb") as handle:
-                            handle.write(_deep_key_archive())
-                return _real(event, **fields)
-            obj.emit = emit
-            _hooked.append(obj)
-            return
+def wrapped_emit(real):
+    def emit(event, **fields):
+        if event == "saved":
+            for path in glob.glob("checks/*/0.pt"):
+                with open(path, "wb") as handle:
+                    handle.write(_deep_key_archive())
+        return real(event, **fields)
+    return emit
 """,
 )
 
