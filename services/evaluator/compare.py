@@ -45,6 +45,8 @@ LEAF_OVERHEAD_BYTES = 1024
 MAX_RECORDS = 2 * MAX_LEAVES + 16
 MAX_PICKLE_BYTES = 2 * MAX_LEAVES * LEAF_OVERHEAD_BYTES + OUTPUT_SLACK_BYTES
 MAX_PICKLE_NESTING = MAX_DEPTH + 16
+# Objects the pickle may reach (a tensor's rebuild arguments are about 40), counting shared ones each time.
+MAX_PICKLE_OBJECTS = 2 * MAX_LEAVES * 256
 _INT64 = (-(2**63), 2**63 - 1)
 
 TIME_LIMIT_MESSAGE = "comparison exceeded the time limit"
@@ -74,7 +76,12 @@ def _check_archive(handle: BinaryIO, size: int) -> None:
     for the records and pickle of MAX_LEAVES outputs and as many inputs."""
     try:
         torch_archive.check(
-            handle, size, max_records=MAX_RECORDS, max_pickle_bytes=MAX_PICKLE_BYTES, max_nesting=MAX_PICKLE_NESTING
+            handle,
+            size,
+            max_records=MAX_RECORDS,
+            max_pickle_bytes=MAX_PICKLE_BYTES,
+            max_nesting=MAX_PICKLE_NESTING,
+            max_objects=MAX_PICKLE_OBJECTS,
         )
     except torch_archive.UnsafeArchiveError as error:
         raise MalformedDataError(str(error)) from error
@@ -102,6 +109,9 @@ def flatten(value: Any, *, max_leaves: int = MAX_LEAVES, max_depth: int = MAX_DE
     """
     leaves: list[Any] = []
     stack: list[tuple[Iterator[Any], int]] = [(iter((value,)), 0)]
+    # Lists are counted too: one empty list reached through a thousand references at each of MAX_DEPTH levels
+    # holds no leaf, and would be walked a thousand to the sixteenth times.
+    lists_left = 2 * max_leaves + 16
     while stack:
         items, depth = stack[-1]
         item: Any = next(items, _END)
@@ -112,6 +122,9 @@ def flatten(value: Any, *, max_leaves: int = MAX_LEAVES, max_depth: int = MAX_DE
         if kind is list or kind is tuple:
             if depth >= max_depth:
                 raise MalformedDataError(f"outputs are nested deeper than {max_depth} levels")
+            lists_left -= 1
+            if lists_left < 0:
+                raise MalformedDataError(f"outputs hold more than {2 * max_leaves + 16} lists")
             stack.append((iter(item), depth + 1))
             continue
         if len(leaves) >= max_leaves:

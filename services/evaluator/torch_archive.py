@@ -24,6 +24,8 @@ import struct
 from dataclasses import dataclass
 from typing import BinaryIO
 
+import torch
+
 
 class UnsafeArchiveError(ValueError):
     """The file is not an archive torch.save writes, or is one that the loader could read differently."""
@@ -52,8 +54,21 @@ _MAX_CENTRAL_ENTRY = _CENTRAL.size + 255 + 32
 
 # The opcodes torch.save (pickle protocol 2) writes, all of which torch's weights-only unpickler reads. Objects
 # that hold nothing (depth 0) and empty containers (depth 1); the rest are modelled in `check_pickle`.
-_ATOMS = {"GLOBAL", "NONE", "NEWFALSE", "NEWTRUE", "BININT", "BININT1", "BININT2", "LONG1", "BINFLOAT", "BINUNICODE"}
+_ATOMS = {"NONE", "NEWFALSE", "NEWTRUE", "BININT", "BININT1", "BININT2", "LONG1", "BINFLOAT", "BINUNICODE"}
 _EMPTY = {"EMPTY_TUPLE", "EMPTY_LIST", "EMPTY_DICT"}
+# The globals torch.save writes for plain dense tensors (pickletools spells them "module name"): the rebuild
+# functions, the storage classes, dtypes that have no storage class, and the empty OrderedDict of backward hooks.
+_ORDERED_DICT = "collections OrderedDict"
+_GLOBALS = frozenset(
+    {
+        _ORDERED_DICT,
+        "torch._utils _rebuild_tensor_v2",
+        "torch._utils _rebuild_tensor_v3",
+        "torch.storage UntypedStorage",
+    }
+    | {f"torch {name}" for name in dir(torch) if name.endswith("Storage") and isinstance(getattr(torch, name), type)}
+    | {f"torch {name}" for name in dir(torch) if isinstance(getattr(torch, name), torch.dtype)}
+)
 
 
 @dataclass(frozen=True)
@@ -203,45 +218,68 @@ def pickle_record(found: list[Record]) -> Record:
     raise UnsafeArchiveError("the archive has no data.pkl")
 
 
-def check(handle: BinaryIO, size: int, *, max_records: int, max_pickle_bytes: int, max_nesting: int) -> None:
+def check(
+    handle: BinaryIO, size: int, *, max_records: int, max_pickle_bytes: int, max_nesting: int, max_objects: int
+) -> None:
     """Refuse (UnsafeArchiveError) anything but an archive of the shape torch.save writes, whose pickle is at most
-    `max_pickle_bytes` long and builds nothing nested deeper than `max_nesting`."""
+    `max_pickle_bytes` long and passes `check_pickle`."""
     found = records(handle, size, max_records)
     data = pickle_record(found)
     if data.size > max_pickle_bytes:
         raise UnsafeArchiveError(f"the archive's pickle has {data.size} bytes, at most {max_pickle_bytes} are allowed")
-    check_pickle(_read_at(handle, data.data_offset, data.size), max_nesting)
+    check_pickle(_read_at(handle, data.data_offset, data.size), max_nesting, max_objects)
 
 
-def check_pickle(data: bytes, max_nesting: int) -> None:
-    """Refuse a pickle with an opcode torch.save never writes, or one that builds an object nested deeper than
-    `max_nesting` (containers, reduce arguments, persistent ids and built state all count a level)."""
+class _Node:
+    """What the model of the unpickler's stack knows of an object: how deep it nests, how many objects it holds
+    counted as often as it is reached (a tuple of one shared tuple twice, 30 levels down, reaches 2^30 of them:
+    what hashing it walks), and what it is where that matters (a string, the empty tuple, an allowed global)."""
 
-    class Node:
-        __slots__ = ("depth",)
+    __slots__ = ("depth", "kind", "reached")
 
-        def __init__(self, depth: int) -> None:
-            self.depth = depth
+    def __init__(self, depth: int, reached: int, kind: str = "") -> None:
+        self.depth, self.reached, self.kind = depth, reached, kind
 
-    def holding(items: list[Node]) -> Node:
-        return grown(Node(1), items)
 
-    def grown(node: Node, items: list[Node]) -> Node:
+def check_pickle(data: bytes, max_nesting: int, max_objects: int) -> None:
+    """Refuse a pickle that is not one torch.save writes for our runner's data (tensors, numbers, None, lists and
+    tuples of them, a dict with string keys): an opcode or global it never writes (the weights-only unpickler also
+    calls `bytearray`, `_codecs.encode` and more, which made gigabytes or minutes of work from a kilobyte), an
+    `OrderedDict` built from anything but nothing, a dict key that is not a string, an object nested deeper than
+    `max_nesting`, or one that reaches more than `max_objects` objects."""
+
+    def holding(items: list[_Node], kind: str = "") -> _Node:
+        return grown(_Node(1, 1, kind), items)
+
+    def grown(node: _Node, items: list[_Node]) -> _Node:
         node.depth = max([node.depth, *(item.depth + 1 for item in items)])
+        node.reached += sum(item.reached for item in items)
         if node.depth > max_nesting:
             raise UnsafeArchiveError(f"the saved data is nested deeper than {max_nesting} levels")
+        if node.reached > max_objects:
+            raise UnsafeArchiveError(f"the saved data reaches more than {max_objects} objects")
         return node
 
-    stack: list[Node] = []
-    marks: list[list[Node]] = []
-    memo: dict[object, Node] = {}
+    def keys_are_text(items: list[_Node]) -> None:
+        if any(key.kind != "text" for key in items[::2]) or len(items) % 2:
+            raise UnsafeArchiveError("a dict key that is not a string")
+
+    stack: list[_Node] = []
+    marks: list[list[_Node]] = []
+    memo: dict[object, _Node] = {}
     try:
         for opcode, argument, _ in pickletools.genops(data):
             name = opcode.name
-            if name in _ATOMS:
-                stack.append(Node(0))
+            if name == "GLOBAL":
+                if argument not in _GLOBALS:
+                    raise UnsafeArchiveError(
+                        f"the pickle global {str(argument)[:80]!r}, which torch.save does not write"
+                    )
+                stack.append(_Node(0, 1, str(argument)))
+            elif name in _ATOMS:
+                stack.append(_Node(0, 1, "text" if name == "BINUNICODE" else ""))
             elif name in _EMPTY:
-                stack.append(Node(1))
+                stack.append(_Node(1, 1, name))
             elif name == "MARK":
                 marks.append(stack)
                 stack = []
@@ -257,15 +295,20 @@ def check_pickle(data: bytes, max_nesting: int) -> None:
                 stack.append(holding(items))
             elif name in ("APPENDS", "SETITEMS"):
                 items, stack = stack, marks.pop()
+                if name == "SETITEMS":
+                    keys_are_text(items)
                 grown(stack[-1], items)
-            elif name in ("APPEND", "BUILD"):
+            elif name == "APPEND":
                 item = stack.pop()
                 grown(stack[-1], [item])
             elif name == "SETITEM":
                 value, key = stack.pop(), stack.pop()
+                keys_are_text([key, value])
                 grown(stack[-1], [key, value])
             elif name == "REDUCE":
                 arguments = stack.pop()
+                if stack[-1].kind == _ORDERED_DICT and arguments.kind != "EMPTY_TUPLE":
+                    raise UnsafeArchiveError("an OrderedDict built from something, torch.save builds an empty one")
                 stack[-1] = holding([stack[-1], arguments])
             elif name == "BINPERSID":
                 stack[-1] = holding([stack[-1]])

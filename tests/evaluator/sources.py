@@ -280,32 +280,52 @@ DEEP_ERROR_MESSAGE_WRONG = candidate(
 )
 
 
-# A hand-made torch archive whose pickle is {key: None}, the key a tuple nested 300,000 deep. Unpickling hashes the
-# key by recursion in C: whichever process parsed it died with SIGSEGV.
-_DEEP_KEY_ARCHIVE = """
+# Writes hand-made torch archives: `_archive(pickle_bytes)`.
+_HAND_MADE_ARCHIVE = """
 import io, os, sys, zipfile
 
-def _deep_key_archive():
+def _archive(pickle_bytes):
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
-        archive.writestr("archive/data.pkl", b"\\x80\\x02})" + b"\\x85" * 300_000 + b"Ns.")
+        archive.writestr("archive/data.pkl", pickle_bytes)
         archive.writestr("archive/byteorder", "little")
         archive.writestr("archive/version", "3\\n")
     return buffer.getvalue()
 """
-# Rewrites trial 0's saved output during trial 1's call: the service parsed it (correctness phase) and died.
-DEEP_KEY_OUTPUT = candidate(
-    """if os.path.exists("out/0.pt"):
-    with open("out/0.pt", "wb") as handle:
-        handle.write(_deep_key_archive())
-return x.clamp_min(0) * self.scale""",
-    prelude=_DEEP_KEY_ARCHIVE,
+# {key: None}, the key a tuple nested 300,000 deep: unpickling hashes it by recursion in C, and whichever process
+# parsed it died with SIGSEGV.
+_DEEP_KEY = 'b"\\x80\\x02})" + b"\\x85" * 300_000 + b"Ns."'
+# {"outputs": _codecs.encode(bytearray(2**27), "hex"), "inputs_after": []}: torch's weights-only unpickler allows
+# both calls; 71 bytes made 384 MiB in the service (three rounds of "hex" made 14 GB: the service was OOM-killed).
+_HEX_BOMB = (
+    'b"\\x80\\x02}(X\\x07\\x00\\x00\\x00outputsc_codecs\\nencode\\ncbuiltins\\nbytearray\\nJ\\x00\\x00\\x00\\x08\\x85R'
+    'X\\x03\\x00\\x00\\x00hex\\x86RX\\x0c\\x00\\x00\\x00inputs_after]u."'
 )
-# Overwrites the output saved for each timed call's check with the archive just before `saved` goes out: the
-# reference's timer parsed it and died.
+
+
+def _rewriting_trial_0(pickle_expression: str) -> str:
+    """Rewrites trial 0's saved output, during trial 1's call, as an archive of the given pickle: the service
+    parses it in the correctness phase."""
+    return candidate(
+        """if os.path.exists("out/0.pt"):
+    with open("out/0.pt", "wb") as handle:
+        handle.write(_archive(PICKLE))
+return x.clamp_min(0) * self.scale""",
+        prelude=f"{_HAND_MADE_ARCHIVE}\nPICKLE = {pickle_expression}\n",
+    )
+
+
+# {t: None} with t = (t', t'), t' = (t'', t''), ... 28 levels through the memo: 150 bytes, and 2^28 tuples for the
+# key's hash to walk, in C holding the GIL (the service stopped answering /health for minutes at 30 levels).
+_SHARED_KEY = 'b"\\x80\\x02})" + b"".join(b"q" + bytes([i]) + b"h" + bytes([i]) + b"\\x86" for i in range(28)) + b"Ns."'
+DEEP_KEY_OUTPUT = _rewriting_trial_0(_DEEP_KEY)
+HEX_BOMB_OUTPUT = _rewriting_trial_0(_HEX_BOMB)
+SHARED_KEY_OUTPUT = _rewriting_trial_0(_SHARED_KEY)
+# Overwrites the output saved for each timed call's check with the deep-key archive just before `saved` goes out:
+# the reference's timer parsed it and died.
 DEEP_KEY_CHECK = candidate(
     "if not _rewritten:\n    _rewrite()\nreturn x.clamp_min(0) * self.scale",
-    prelude=_DEEP_KEY_ARCHIVE
+    prelude=f"{_HAND_MADE_ARCHIVE}\nPICKLE = {_DEEP_KEY}\n"
     + _WRAP_EMIT
     + """
 import glob
@@ -315,7 +335,7 @@ def wrapped_emit(real):
         if event == "saved":
             for path in glob.glob("checks/*/0.pt"):
                 with open(path, "wb") as handle:
-                    handle.write(_deep_key_archive())
+                    handle.write(_archive(PICKLE))
         return real(event, **fields)
     return emit
 """,

@@ -17,7 +17,6 @@ import torch
 from services.evaluator import compare as compare_module
 from services.evaluator.compare import (
     MAX_DEPTH,
-    MAX_LEAVES,
     Comparison,
     MalformedDataError,
     compare_outputs,
@@ -184,7 +183,7 @@ def test_millions_of_leaves_from_a_small_file_are_refused_quickly(tmp_path: Path
     assert (tmp_path / "out" / "0.pt").stat().st_size < 64 << 10
     started = time.monotonic()
     result = compare_file(tmp_path / "out")
-    assert not result.correct and f"more than {MAX_LEAVES} outputs" in result.message
+    assert not result.correct and "reaches more than" in result.message, result.message
     assert time.monotonic() - started < 2
 
 
@@ -256,8 +255,8 @@ def test_conjugate_view_is_compared_by_value(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("produced", "reason"),
     [
-        (torch.tensor([1.0, 2.0, 4.0]).to_sparse(), "layout"),
-        (torch.nn.Parameter(torch.tensor([1.0, 2.0, 4.0])), "plain tensor"),
+        (torch.tensor([1.0, 2.0, 4.0]).to_sparse(), "global 'torch._utils _rebuild_sparse_tensor'"),
+        (torch.nn.Parameter(torch.tensor([1.0, 2.0, 4.0])), "global 'torch._utils _rebuild_parameter'"),
         (torch.tensor([1.0]).expand(3), "overlapping"),
         ({"a": torch.tensor([1.0, 2.0, 4.0])}, "dict"),
         ([torch.tensor([1.0, 2.0, 4.0]), "text"], "str"),
@@ -274,7 +273,7 @@ def test_sparse_matrix_output_is_not_densified(tmp_path: Path) -> None:
     expected = torch.eye(3)
     for sparse in (expected.to_sparse(), expected.to_sparse_csr(), expected.to_sparse_csc()):
         result = compare(tmp_path, expected, sparse)
-        assert not result.correct and "layout" in result.message, result.message
+        assert not result.correct and "_rebuild_sparse" in result.message, result.message
 
 
 def test_none_outputs_match_none(tmp_path: Path) -> None:
@@ -325,6 +324,11 @@ def test_flatten_is_bounded_and_ordered() -> None:
     with pytest.raises(MalformedDataError, match="deeper"):
         flatten([[[1]]], max_depth=2)
     assert len(flatten([[[1]]], max_depth=3)) == 1
+    shared: list = []
+    for _ in range(MAX_DEPTH - 1):
+        shared = [shared] * 1000  # no leaf, 1000^15 lists to walk
+    with pytest.raises(MalformedDataError, match="lists"):
+        flatten(shared)
 
 
 def text(value: str) -> bytes:

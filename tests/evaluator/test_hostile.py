@@ -35,6 +35,8 @@ CASES = {
     ),
     "stale_then_forged_error": (sources.STALE_THEN_FORGED_ERROR, "rejected", "stale_output", ["stale_output"]),
     "deep_key_output": (sources.DEEP_KEY_OUTPUT, "incorrect", "nested deeper", []),
+    "hex_bomb_output": (sources.HEX_BOMB_OUTPUT, "incorrect", "global '_codecs encode'", []),
+    "shared_key_output": (sources.SHARED_KEY_OUTPUT, "incorrect", "reaches more than", []),
     "deep_key_check": (sources.DEEP_KEY_CHECK, "rejected", "not the one its timed call produced", ["result_tampering"]),
 }
 
