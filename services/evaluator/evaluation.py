@@ -714,9 +714,10 @@ class Judge:
                 call, block = check_call, blocks["candidate"][-1]
                 sketch = block.sketches[call] if block.sketches is not None else None
                 if not await self._check(candidate, call, sketch, block.held_hash):
-                    self.run_state.flags["stale_output"] = (
+                    self.run_state.flags.setdefault(
+                        "stale_output",
                         f"the output of timed call {call} of block {index} was wrong (an answer cached or computed "
-                        "before its inputs changed)"
+                        "before its inputs changed)",
                     )
                     break
         return blocks
@@ -919,7 +920,13 @@ class Judge:
         try:
             await asyncio.to_thread(_hand_over_check, candidate, self.timer, self.checks, self.check_file_limit)
         except (OSError, ValueError) as error:  # no single regular file of the job's, or larger than an output
-            log.info("check %d: the saved output was refused: %s", self.checks, error)
+            if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+                log.warning("check %d: the saved output could not be copied: %s", self.checks, error)
+                self.run_state.flags["stale_output"] = (
+                    f"the output of timed call {call} could not be checked: {DISK_FULL}"
+                )
+            else:
+                log.info("check %d: the saved output was refused: %s", self.checks, error)
             return False
         command = {
             "op": "check", "call": call, "check": self.checks, "atol": self.request.atol, "rtol": self.request.rtol,
@@ -946,17 +953,23 @@ class Judge:
             return
         assert self.timer is not None
         recheck = self.trials  # the reference's extra set
-        if not await asyncio.to_thread(_hand_over_one, self.timer, self.reference, recheck):
-            raise EvaluatorFailure("the reference timer's inputs directory is not the one the service made")
-        if not await asyncio.to_thread(_hand_over_one, candidate, self.reference, recheck):
-            self.run_state.flags["result_tampering"] = "the job replaced the inputs directory the service gave it"
-            raise CandidateFailure
+        for worker in (self.timer, candidate):
+            failure = await asyncio.to_thread(_hand_over_one, worker, self.reference, recheck)
+            if failure == DISK_FULL:
+                log.warning("the re-check's inputs could not be written: %s", failure)
+                self.run_state.flags["stale_output"] = f"the re-check could not be run: {failure}"
+                return
+            if failure and worker is self.timer:
+                raise EvaluatorFailure(f"the reference timer's inputs could not be handed over: {failure}")
+            if failure:
+                self.run_state.flags["result_tampering"] = "the job replaced the inputs directory the service gave it"
+                raise CandidateFailure
         # The timer's output on the set is what the candidate's is checked against (_check).
         await self._block(self.timer, [], handed_over=recheck)
         block = await self._block(candidate, [], handed_over=recheck, check_call=0)
         sketch = block.sketches[0] if block.sketches is not None else None
         if not await self._check(candidate, 0, sketch, block.held_hash):
-            self.run_state.flags["stale_output"] = "wrong answer on new inputs in the buffers that were timed"
+            self.run_state.flags.setdefault("stale_output", "wrong answer on new inputs in the buffers that were timed")
 
     async def _profile(self, worker: Worker) -> list[str] | None:
         if self.device != "cuda":
@@ -1188,9 +1201,12 @@ class _ForeignInputsError(OSError):
     """A worker's `inputs` directory is not the one the service made."""
 
 
-# Errors of a copy into a worker's `inputs` that come from the service's side (its disk full or failing), not from
-# the candidate's file: the judge's failure, never the candidate's verdict.
-_JUDGE_SIDE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})
+# Errors of a copy into a worker's `inputs` that come from the service's side (its disk failing), not from the
+# candidate's file: the judge's failure, never the candidate's verdict. A full disk is not among them: a job can
+# fill the filesystem its home shares with the timer's `inputs` (no per-job disk quota), and it would then choose
+# `evaluator_error` (no penalty) for itself; the failed copy counts against the candidate instead.
+_JUDGE_SIDE_ERRNOS = frozenset({errno.EIO})
+DISK_FULL = "the disk the job shares with the judge is full"
 
 
 @contextlib.contextmanager
@@ -1311,18 +1327,19 @@ def _signal_jobs(workers: list[Worker], signum: int) -> list[int]:
     return pids
 
 
-def _hand_over_one(worker: Worker, reference: ReferenceData, trial: int) -> bool:
-    """One more input set for a worker whose code has run, written into its `inputs` (_writable_inputs). False if
-    that directory is not the one the service made; EvaluatorFailure if the write failed on the service's side."""
+def _hand_over_one(worker: Worker, reference: ReferenceData, trial: int) -> str:
+    """One more input set for a worker whose code has run, written into its `inputs` (_writable_inputs). "" when
+    written, DISK_FULL when the disk was (_JUDGE_SIDE_ERRNOS: the job may have filled it), another reason if that
+    directory is not the one the service made; EvaluatorFailure if the write failed on the service's side."""
     try:
         with _writable_inputs(worker) as directory:
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             with os.fdopen(os.open(f"inputs_{trial}.pt", flags, 0o444, dir_fd=directory), "wb") as handle:
                 handle.write(reference.input_bytes[trial])
-        return True
+        return ""
     except OSError as error:
         _judge_side(error, "an input set could not be handed over")
-        return False
+        return DISK_FULL if error.errno in (errno.ENOSPC, errno.EDQUOT) else str(error) or "not written"
 
 
 def _unconfirmed(result: EvaluationResult, why: str, message_chars: int) -> EvaluationResult:

@@ -1,5 +1,6 @@
-"""Copies into a worker's `inputs`: a copy that fails on the service's side (its disk full) is the judge's failure,
-never the candidate's wrong answer. Runs in a mount namespace of its own, with the timer's `inputs` a tiny tmpfs."""
+"""Copies into the reference timer's `inputs` of what a candidate saved: one that does not fit (the disk full, which a
+job can cause) fails as the candidate's, leaves no partial file and the directory read-only, and never makes the
+verdict `evaluator_error`. Runs in a mount namespace of its own, with the timer's `inputs` a tiny tmpfs."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
-import os, subprocess, sys
+import errno, os, subprocess, sys
 from pathlib import Path
 from types import SimpleNamespace
 from services.evaluator.evaluation import EvaluatorFailure, _hand_over_check, _remove_check
@@ -36,14 +37,14 @@ for check in (1, 2, 3):
     except EvaluatorFailure as error:
         print(check, "judge", error, sorted(os.listdir(inputs)))
     except OSError as error:
-        print(check, "candidate", type(error).__name__, sorted(os.listdir(inputs)))
+        print(check, "candidate", errno.errorcode[error.errno], sorted(os.listdir(inputs)))
 _remove_check(timer, 1)
 print("removed", sorted(os.listdir(inputs)), oct(inputs.stat().st_mode & 0o777))
 """
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare(1)")
-def test_a_full_disk_on_the_timer_side_is_the_judges_failure(tmp_path: Path) -> None:
+def test_a_copy_that_does_not_fit_fails_cleanly_as_the_candidates(tmp_path: Path) -> None:
     run = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", SCRIPT, str(tmp_path)],
         cwd=REPO_ROOT,
@@ -56,8 +57,6 @@ def test_a_full_disk_on_the_timer_side_is_the_judges_failure(tmp_path: Path) -> 
     lines = run.stdout.splitlines()
     assert lines[0] == "1 copied ['check_1.pt']"
     # 1 MiB into a 64 KiB tmpfs: ENOSPC, the partial copy removed.
-    assert lines[1].startswith("2 judge ") and "No space left" in lines[1], lines[1]
-    assert lines[1].endswith("['check_1.pt']")
-    # No file saved: the candidate's.
-    assert lines[2] == "3 candidate FileNotFoundError ['check_1.pt']"
+    assert lines[1] == "2 candidate ENOSPC ['check_1.pt']", lines[1]
+    assert lines[2] == "3 candidate ENOENT ['check_1.pt']"
     assert lines[3] == "removed [] 0o555"
