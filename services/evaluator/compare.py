@@ -40,10 +40,10 @@ CHUNK_ELEMENTS = 1 << 22
 OUTPUT_SLACK_BYTES = 1 << 20
 LEAF_OVERHEAD_BYTES = 1024
 # An output file's archive: a record per leaf of the outputs and of the inputs after the call, and torch.save's
-# half a dozen of its own; a pickle of at most LEAF_OVERHEAD_BYTES a leaf; objects at most this deep (MAX_DEPTH
-# lists, a tensor's rebuild arguments, the file's dict).
+# half a dozen of its own; a pickle of at most 256 bytes a leaf (a full one costs seconds to check and load);
+# objects at most this deep (MAX_DEPTH lists, a tensor's rebuild arguments, the file's dict).
 MAX_RECORDS = 2 * MAX_LEAVES + 16
-MAX_PICKLE_BYTES = 2 * MAX_LEAVES * LEAF_OVERHEAD_BYTES + OUTPUT_SLACK_BYTES
+MAX_PICKLE_BYTES = 2 * MAX_LEAVES * 256 + (64 << 10)  # torch.save writes about 75 bytes a leaf (105 at 8 dims)
 MAX_PICKLE_NESTING = MAX_DEPTH + 16
 # Objects the pickle may reach (a tensor's rebuild arguments are about 40), counting shared ones each time.
 MAX_PICKLE_OBJECTS = 2 * MAX_LEAVES * 256

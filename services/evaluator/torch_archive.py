@@ -52,22 +52,27 @@ _RECORD_NAME = re.compile(rb"[A-Za-z0-9_.][A-Za-z0-9_./-]{0,254}")
 # Each directory entry: its fixed part, a name of at most 255 bytes, and a zip64 extra field.
 _MAX_CENTRAL_ENTRY = _CENTRAL.size + 255 + 32
 
-# The opcodes torch.save (pickle protocol 2) writes, all of which torch's weights-only unpickler reads. Objects
-# that hold nothing (depth 0) and empty containers (depth 1); the rest are modelled in `check_pickle`.
-_ATOMS = {"NONE", "NEWFALSE", "NEWTRUE", "BININT", "BININT1", "BININT2", "LONG1", "BINFLOAT", "BINUNICODE"}
+# The opcodes torch.save (pickle protocol 2) writes, all of which torch's weights-only unpickler reads: objects that
+# hold nothing (depth 0), by kind, and empty containers (depth 1); the rest are modelled in `check_pickle`.
+_ATOMS = {
+    "NONE": "none", "NEWFALSE": "bool", "NEWTRUE": "bool", "BININT": "int", "BININT1": "int", "BININT2": "int",
+    "LONG1": "int", "BINFLOAT": "float", "BINUNICODE": "text",
+}  # fmt: skip
 _EMPTY = {"EMPTY_TUPLE", "EMPTY_LIST", "EMPTY_DICT"}
-# The globals torch.save writes for plain dense tensors (pickletools spells them "module name"): the rebuild
-# functions, the storage classes, dtypes that have no storage class, and the empty OrderedDict of backward hooks.
+# The globals torch.save writes for plain dense tensors (pickletools spells them "module name"), by kind: the
+# rebuild functions and the empty OrderedDict of backward hooks (called), the storage classes (in storage ids),
+# and dtypes that have no storage class (an argument of _rebuild_tensor_v3).
 _ORDERED_DICT = "collections OrderedDict"
-_GLOBALS = frozenset(
-    {
-        _ORDERED_DICT,
-        "torch._utils _rebuild_tensor_v2",
-        "torch._utils _rebuild_tensor_v3",
-        "torch.storage UntypedStorage",
+_REBUILDS = frozenset({"torch._utils _rebuild_tensor_v2", "torch._utils _rebuild_tensor_v3"})
+_GLOBALS = (
+    {name: name for name in (_ORDERED_DICT, *_REBUILDS)}
+    | {"torch.storage UntypedStorage": "storage class"}
+    | {
+        f"torch {n}": "storage class"
+        for n in dir(torch)
+        if n.endswith("Storage") and isinstance(getattr(torch, n), type)
     }
-    | {f"torch {name}" for name in dir(torch) if name.endswith("Storage") and isinstance(getattr(torch, name), type)}
-    | {f"torch {name}" for name in dir(torch) if isinstance(getattr(torch, name), torch.dtype)}
+    | {f"torch {n}": "dtype" for n in dir(torch) if isinstance(getattr(torch, n), torch.dtype)}
 )
 
 
@@ -227,29 +232,35 @@ def check(
     data = pickle_record(found)
     if data.size > max_pickle_bytes:
         raise UnsafeArchiveError(f"the archive's pickle has {data.size} bytes, at most {max_pickle_bytes} are allowed")
-    check_pickle(_read_at(handle, data.data_offset, data.size), max_nesting, max_objects)
+    storages = data.name[: -len(b"data.pkl")] + b"data/"
+    keys = {record.name[len(storages) :].decode() for record in found if record.name.startswith(storages)}
+    check_pickle(_read_at(handle, data.data_offset, data.size), max_nesting, max_objects, keys)
 
 
 class _Node:
     """What the model of the unpickler's stack knows of an object: how deep it nests, how many objects it holds
     counted as often as it is reached (a tuple of one shared tuple twice, 30 levels down, reaches 2^30 of them:
-    what hashing it walks), and what it is where that matters (a string, the empty tuple, an allowed global)."""
+    what hashing it walks), what it is (`kind`), and for a tuple its items' kinds and texts."""
 
-    __slots__ = ("depth", "kind", "reached")
+    __slots__ = ("depth", "kind", "parts", "reached", "text")
 
-    def __init__(self, depth: int, reached: int, kind: str = "") -> None:
-        self.depth, self.reached, self.kind = depth, reached, kind
+    def __init__(self, depth: int, reached: int, kind: str, text: str = "", parts: tuple[_Node, ...] = ()) -> None:
+        self.depth, self.reached, self.kind, self.text, self.parts = depth, reached, kind, text, parts
 
 
-def check_pickle(data: bytes, max_nesting: int, max_objects: int) -> None:
+def check_pickle(data: bytes, max_nesting: int, max_objects: int, storage_keys: set[str]) -> None:
     """Refuse a pickle that is not one torch.save writes for our runner's data (tensors, numbers, None, lists and
-    tuples of them, a dict with string keys): an opcode or global it never writes (the weights-only unpickler also
-    calls `bytearray`, `_codecs.encode` and more, which made gigabytes or minutes of work from a kilobyte), an
-    `OrderedDict` built from anything but nothing, a dict key that is not a string, an object nested deeper than
-    `max_nesting`, or one that reaches more than `max_objects` objects."""
+    tuples of them, a dict with string keys). The weights-only unpickler takes far more, and from a few bytes made
+    gigabytes or minutes of work: `bytearray` and `_codecs.encode`, a string or storage as the function of a call
+    (its repr went into an error message, through a regex quadratic in it), a tuple as a storage's key (formatted
+    into a record name), upper- and lower-case spellings of one key (miniz finds the record for each, torch loads a
+    copy for each). So: only torch.save's opcodes; globals only where it writes them (a rebuild function or an empty
+    OrderedDict called, a storage class in a storage's id, a dtype as an argument); each storage id exactly
+    ("storage", class, key, location, size) with `key` one of `storage_keys` as spelled; string dict keys; nothing
+    nested deeper than `max_nesting` or reaching more than `max_objects` objects."""
 
-    def holding(items: list[_Node], kind: str = "") -> _Node:
-        return grown(_Node(1, 1, kind), items)
+    def holding(items: list[_Node], kind: str) -> _Node:
+        return grown(_Node(1, 1, kind, parts=tuple(items) if kind == "tuple" else ()), items)
 
     def grown(node: _Node, items: list[_Node]) -> _Node:
         node.depth = max([node.depth, *(item.depth + 1 for item in items)])
@@ -264,6 +275,21 @@ def check_pickle(data: bytes, max_nesting: int, max_objects: int) -> None:
         if any(key.kind != "text" for key in items[::2]) or len(items) % 2:
             raise UnsafeArchiveError("a dict key that is not a string")
 
+    def storage_id(pid: _Node) -> None:
+        kinds = tuple(part.kind for part in pid.parts)
+        if pid.kind != "tuple" or kinds != ("text", "storage class", "text", "text", "int"):
+            raise UnsafeArchiveError('a storage id that is not ("storage", class, key, location, size)')
+        if pid.parts[0].text != "storage" or pid.parts[2].text not in storage_keys:
+            raise UnsafeArchiveError(f"a storage id naming no record of the archive ({pid.parts[2].text[:40]!r})")
+
+    def called(function: _Node, arguments: _Node) -> str:
+        if function.kind == _ORDERED_DICT and arguments.kind == "EMPTY_TUPLE":
+            return "ordered dict"
+        if function.kind in _REBUILDS and arguments.kind == "tuple" and arguments.parts[:1]:
+            if arguments.parts[0].kind == "storage":
+                return "tensor"
+        raise UnsafeArchiveError(f"a call torch.save does not write ({function.kind or 'not a function'})")
+
     stack: list[_Node] = []
     marks: list[list[_Node]] = []
     memo: dict[object, _Node] = {}
@@ -271,13 +297,14 @@ def check_pickle(data: bytes, max_nesting: int, max_objects: int) -> None:
         for opcode, argument, _ in pickletools.genops(data):
             name = opcode.name
             if name == "GLOBAL":
-                if argument not in _GLOBALS:
+                kind = _GLOBALS.get(str(argument))
+                if kind is None:
                     raise UnsafeArchiveError(
                         f"the pickle global {str(argument)[:80]!r}, which torch.save does not write"
                     )
-                stack.append(_Node(0, 1, str(argument)))
+                stack.append(_Node(0, 1, kind))
             elif name in _ATOMS:
-                stack.append(_Node(0, 1, "text" if name == "BINUNICODE" else ""))
+                stack.append(_Node(0, 1, _ATOMS[name], str(argument) if name == "BINUNICODE" else ""))
             elif name in _EMPTY:
                 stack.append(_Node(1, 1, name))
             elif name == "MARK":
@@ -285,14 +312,14 @@ def check_pickle(data: bytes, max_nesting: int, max_objects: int) -> None:
                 stack = []
             elif name == "TUPLE":
                 items, stack = stack, marks.pop()
-                stack.append(holding(items))
+                stack.append(holding(items, "tuple"))
             elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
                 count = int(name[-1])
                 if len(stack) < count:
                     raise IndexError
                 items = stack[-count:]
                 del stack[-count:]
-                stack.append(holding(items))
+                stack.append(holding(items, "tuple"))
             elif name in ("APPENDS", "SETITEMS"):
                 items, stack = stack, marks.pop()
                 if name == "SETITEMS":
@@ -307,11 +334,10 @@ def check_pickle(data: bytes, max_nesting: int, max_objects: int) -> None:
                 grown(stack[-1], [key, value])
             elif name == "REDUCE":
                 arguments = stack.pop()
-                if stack[-1].kind == _ORDERED_DICT and arguments.kind != "EMPTY_TUPLE":
-                    raise UnsafeArchiveError("an OrderedDict built from something, torch.save builds an empty one")
-                stack[-1] = holding([stack[-1], arguments])
+                stack[-1] = holding([stack[-1], arguments], called(stack[-1], arguments))
             elif name == "BINPERSID":
-                stack[-1] = holding([stack[-1]])
+                storage_id(stack[-1])
+                stack[-1] = holding([stack[-1]], "storage")
             elif name in ("BINPUT", "LONG_BINPUT"):
                 memo[argument] = stack[-1]
             elif name in ("BINGET", "LONG_BINGET"):

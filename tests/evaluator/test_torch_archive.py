@@ -84,6 +84,8 @@ VALUES = {
     "numbers_and_none": {"outputs": [1, 2.5, True, None, 2**40], "inputs_after": [torch.ones(1)]},
     "views_and_dtypes": [torch.randn(4, 4).t(), torch.ones(3, dtype=torch.bfloat16), torch.randn(2, 3)[:, 1]],
     "complex_and_bool": [torch.randn(2, dtype=torch.complex64), torch.tensor([True, False])],
+    "dtypes_without_storage_class": [torch.ones(2, dtype=torch.uint16), torch.ones(2, dtype=torch.float8_e4m3fn)],
+    "shared_storage": [torch.arange(6.0)[:3], torch.arange(6.0)[3:]],
     "deepest_lists": {"outputs": [[[[[[[[[[[[[[[[torch.ones(1)]]]]]]]]]]]]]]]], "inputs_after": []},
     "tuples": {"outputs": (torch.ones(2), (torch.zeros(1), 3)), "inputs_after": []},
 }
@@ -204,12 +206,51 @@ def global_call(module_name: bytes, argument: bytes) -> bytes:
     return b"\x80\x02c" + module_name + b"\n" + argument + b"\x85R."
 
 
+def _text(value: str) -> bytes:
+    return b"X" + len(value).to_bytes(4, "little") + value.encode()
+
+
+def storage_id(key: bytes) -> bytes:
+    """("storage", torch.ByteStorage, key, "cpu", 4) as a persistent id: `key` is the pickled key."""
+    return b"(" + _text("storage") + b"ctorch\nByteStorage\n" + key + _text("cpu") + b"K\x04tQ"
+
+
+def with_storage(pickle_bytes: bytes) -> bytes:
+    return build([(b"archive/data.pkl", pickle_bytes), (b"archive/data/ab", b"1234"), (b"archive/version", b"3\n")])
+
+
+@pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")
+def test_storage_ids_must_name_a_record_as_spelled() -> None:
+    """Each spelling of a key that miniz finds without regard to case was loaded as a storage of its own: a
+    record of 1 MiB under 250,000 spellings would have needed 244 GiB."""
+    check(with_storage(b"\x80\x02" + storage_id(_text("ab")) + b"."))
+    assert torch.load(io.BytesIO(with_storage(b"\x80\x02" + storage_id(_text("ab")) + b".")), weights_only=True)
+    refused(with_storage(b"\x80\x02" + storage_id(_text("AB")) + b"."), "naming no record")
+    # A key that is a tuple was formatted into a record name (256 MiB of it from a 1 MB file).
+    refused(with_storage(b"\x80\x02" + storage_id(_text("ab") + b"\x85") + b"."), 'not \\("storage"')
+
+
+@pytest.mark.parametrize(
+    ("pickle_bytes", "match"),
+    [
+        (b"\x80\x02" + _text("x" * 100) + b")R.", r"does not write \(text\)"),
+        (global_call(b"torch.storage\nUntypedStorage", b"J\x00\x00\x00\x01"), r"does not write \(storage class\)"),
+        (b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n(K\x00tR.", "does not write"),
+    ],
+    ids=["string_called", "storage_called", "rebuild_without_storage"],
+)
+def test_only_the_calls_torch_save_writes_are_allowed(pickle_bytes: bytes, match: str) -> None:
+    """A string as the function of a call went into torch's error message, through a regex quadratic in its
+    length (40 KB: 12 s holding the GIL); a storage called with a size was a repr looping over every byte."""
+    refused(with_pickle(pickle_bytes), match)
+
+
 @pytest.mark.parametrize(
     ("pickle_bytes", "match"),
     [
         (global_call(b"builtins\nbytearray", b"J\x00\x00\x00@"), "global 'builtins bytearray'"),
         (global_call(b"_codecs\nencode", b"X\x01\x00\x00\x00a"), "global '_codecs encode'"),
-        (global_call(b"collections\nOrderedDict", b"]"), "OrderedDict built from something"),
+        (global_call(b"collections\nOrderedDict", b"]"), "a call torch.save does not write"),
         (b"\x80\x02}X\x01\x00\x00\x00a}b.", "BUILD"),
     ],
     ids=["bytearray", "codecs", "ordered_dict_of_items", "build"],
