@@ -1,5 +1,5 @@
 """What a candidate's saved file must be before torch.load may read it: the zip archive torch.save writes, read
-strictly, and a pickle no deeper than our runner's outputs.
+strictly, and a pickle of the shape torch.save writes for our runner's data.
 
 torch.load reads archives with miniz, and nothing else we could call sees them as miniz does: Python's zipfile, for
 one, finds the central directory at the end-of-central-directory record's position minus its size, where miniz
@@ -10,10 +10,11 @@ not ending where the end record starts, offsets outside, overlapping or out of o
 match the directory, names that differ only in case (miniz looks names up case-insensitively), encryption flags,
 anything but stored records.
 
-torch's weights-only unpickler is safe by type, not by shape: a dict key that is a tuple nested a few hundred
-thousand deep is hashed by recursion in C and kills the process (the service's, in the correctness phase). So the
-pickle is read opcode by opcode first (pickletools, iterative), with a model of its stack that knows how deep each
-object is, and refused past `max_nesting` or at any opcode that torch.save never writes.
+torch's weights-only unpickler is safe by type, not by cost: a dict key that is a tuple nested a few hundred
+thousand deep is hashed by recursion in C and kills the process (the service's, in the correctness phase), and the
+calls it allows made gigabytes or minutes of work from a few bytes (`check_pickle` lists them). So the pickle is
+read opcode by opcode first (pickletools, iterative), with a model of its stack that knows what each object is,
+how deep it nests and how many objects it reaches, and refused wherever it is not what torch.save writes.
 """
 
 from __future__ import annotations
