@@ -111,7 +111,8 @@ def flatten(value: Any, *, max_leaves: int = MAX_LEAVES, max_depth: int = MAX_DE
     stack: list[tuple[Iterator[Any], int]] = [(iter((value,)), 0)]
     # Lists are counted too: one empty list reached through a thousand references at each of MAX_DEPTH levels
     # holds no leaf, and would be walked a thousand to the sixteenth times.
-    lists_left = 2 * max_leaves + 16
+    max_lists = 2 * max_leaves + 16
+    lists_left = max_lists
     while stack:
         items, depth = stack[-1]
         item: Any = next(items, _END)
@@ -124,7 +125,7 @@ def flatten(value: Any, *, max_leaves: int = MAX_LEAVES, max_depth: int = MAX_DE
                 raise MalformedDataError(f"outputs are nested deeper than {max_depth} levels")
             lists_left -= 1
             if lists_left < 0:
-                raise MalformedDataError(f"outputs hold more than {2 * max_leaves + 16} lists")
+                raise MalformedDataError(f"outputs hold more than {max_lists} lists")
             stack.append((iter(item), depth + 1))
             continue
         if len(leaves) >= max_leaves:
@@ -146,7 +147,7 @@ _END = object()
 _UNBOUNDED = 1 << 62
 
 
-def _trusted_leaves(value: Any) -> list[Any]:
+def trusted_leaves(value: Any) -> list[Any]:
     """Leaves of the reference's data (outputs, inputs): trusted, so not held to the candidate's limits."""
     return flatten(value, max_leaves=_UNBOUNDED, max_depth=_UNBOUNDED)
 
@@ -162,7 +163,7 @@ def default_tolerance(dtype: torch.dtype) -> float:
 def _nbytes(value: Any) -> int:
     """Raw bytes of a (trusted) structure's tensors, plus a per-leaf allowance for headers."""
     total = 0
-    for leaf in _trusted_leaves(value):
+    for leaf in trusted_leaves(value):
         total += LEAF_OVERHEAD_BYTES
         if isinstance(leaf, torch.Tensor):
             total += leaf.numel() * leaf.element_size()
@@ -303,7 +304,7 @@ def compare_trial(
     if type(produced) is not dict or set(produced) != {"outputs", "inputs_after"}:
         return "output file is malformed", False
     # The reference's data is trusted (and may exceed the limits); the candidate's may have as many leaves.
-    want, before = _trusted_leaves(expected), _trusted_leaves(inputs)
+    want, before = trusted_leaves(expected), trusted_leaves(inputs)
     if type(produced["inputs_after"]) is not list:
         return "output file is malformed: inputs_after is not a list", False
     try:
