@@ -111,6 +111,12 @@ class Settings(BaseSettings):
         "longer samples leave a false report less room. Default 5 on a CPU (the judge's clock is CPU time) and 20 on "
         "a GPU, where the judge's clock is the wall time around the block and a loaded host's jitter is milliseconds.",
     )
+    timing_cpus: list[int] | None = Field(
+        None,
+        description="On a GPU, the core both timed workers (reference timer and candidate, every thread) are pinned "
+        "to while they are timed, one per GPU in order (a JSON list); unset: the service's last allowed cores, one per "
+        "GPU; `[]`: no pinning. Launch-bound models time less noisily pinned (docs/evaluator.md).",
+    )
     reference_cache_size: int = Field(
         32, ge=0, description="Reference outputs kept per (reference, seed, trials, device)."
     )

@@ -372,6 +372,9 @@ class Judge:
         self.run_state = CandidateRun(static_flags=list(static_flags))
         self.pool, self.settings = evaluator.pool, evaluator.settings
         self.gpu = self.pool.placement(device)
+        # Every timing command pins the worker to this GPU's timing core (runner.WorkerContext.command).
+        cpu = self.pool.timing_cpus.get(self.gpu) if self.gpu is not None else None
+        self.pin: dict[str, int] = {"cpu": cpu} if cpu is not None else {}
         self.checks = 0
         # Largest file saved for a check: a timed call's outputs are shaped as the correctness trials' are.
         largest = max(output_size_limit(expected, []) for expected in reference.expected)
@@ -824,7 +827,7 @@ class Judge:
             # pids' clocks are exact.
             cpu_before = held if held is not None else await asyncio.to_thread(_job_cpu_clocks, worker)
         sent_at = time.monotonic()
-        await worker.send({**command, "nonce": nonce})
+        await worker.send({**command, "nonce": nonce, **self.pin})
         event = await worker.expect({reply, "error"}, self.deadline)
         wall_s = clocked_s = time.monotonic() - sent_at
         if hold and event is not None and event["event"] == reply:

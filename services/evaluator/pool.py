@@ -328,6 +328,7 @@ class WorkerPool:
         self._next_gpu = itertools.cycle(self.gpus)
         # The judge holds a GPU's lock while models run on it, so timings never share a GPU; builds go on meanwhile.
         self.gpu_locks = {gpu: asyncio.Lock() for gpu in self.gpus}
+        self.timing_cpus = timing_cpus(settings.timing_cpus, self.gpus)
         self._builds = asyncio.Semaphore(settings.build_workers)
         self._pch_build = _start_pch_build(settings.cache_dir)
         self.memory_watch = MemoryWatch(settings.memory_limit_mb)
@@ -545,6 +546,20 @@ def _renice(worker: Worker, nice: int) -> None:
             for task in os.listdir(f"/proc/{proc.pid}/task"):
                 with contextlib.suppress(OSError):
                     os.setpriority(os.PRIO_PROCESS, int(task), nice)
+
+
+def timing_cpus(chosen: list[int] | None, gpus: list[str]) -> dict[str, int]:
+    """The core each GPU's timed workers are pinned to: `chosen` in GPU order (cycled), or the service's last allowed
+    cores, one per GPU."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if chosen is None:
+        chosen = [allowed[-1 - index % len(allowed)] for index in range(len(gpus))]
+    outside = sorted(set(chosen) - set(allowed))
+    if outside:
+        raise ValueError(
+            f"EVALUATOR_TIMING_CPUS names cores {outside} this service may not run on (allowed: {allowed})"
+        )
+    return {gpu: chosen[index % len(chosen)] for index, gpu in enumerate(gpus)} if chosen else {}
 
 
 def _visible_gpus() -> list[str]:
