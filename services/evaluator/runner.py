@@ -412,10 +412,12 @@ def check_saved_output(context: WorkerContext, expected: Any, command: dict[str,
     saved data cannot be hashed: its leaves are checked (plain, dense, not overlapping) before a byte is hashed."""
     deadline = time.monotonic() + float(command["seconds"])
     found: dict[str, Any] = {"reason": "", "commitment": None, "max_abs": None, "max_rel": None, "timed_out": False}
+    want = compare.trusted_leaves(expected)
     try:
         produced = compare.load_file(context.home / "inputs" / f"check_{int(command['check'])}.pt")
         outputs = produced["outputs"] if type(produced) is dict and "outputs" in produced else None
-        leaves = compare.flatten(outputs)
+        # As many leaves as the reference's, where it has more than a candidate may (compare_trial's rule).
+        leaves = compare.flatten(outputs, max_leaves=max(compare.MAX_LEAVES, len(want)))
         problems = [compare.tensor_problem("output", leaf) for leaf in leaves if isinstance(leaf, torch.Tensor)]
     except Exception as error:  # the candidate's file: its verdict, never this worker's failure
         found["reason"] = f"unreadable output ({type(error).__name__}: {error})"[:500]
@@ -423,7 +425,7 @@ def check_saved_output(context: WorkerContext, expected: Any, command: dict[str,
     # Hashed only if shaped as `expected` is: leaves that all view one large storage would otherwise have it all
     # hashed once per leaf, without a deadline. The block's outputs had the reference's shapes (the judge checks
     # that first), so a file of other shapes is not what the call returned, and is committed to by none.
-    if not any(problems) and _shaped_as(leaves, compare.trusted_leaves(expected)):
+    if not any(problems) and _shaped_as(leaves, want):
         with contextlib.suppress(Exception):  # a structure no timed call returns was committed to by none
             if context.backend.name == "cuda":
                 found["commitment"] = output_digest.output_sketch_on(outputs, context.backend.device_string())

@@ -409,6 +409,17 @@ def test_a_reference_with_more_leaves_than_a_candidate_may_have_is_checked_not_r
     assert found["commitment"] is None and "returned 1 outputs" in found["reason"], found
 
 
+def test_a_right_output_of_more_leaves_than_a_candidate_may_have_passes_the_timer_check(tmp_path: Path) -> None:
+    """Where the reference returns more than MAX_LEAVES outputs, a candidate may return as many (compare_trial's
+    rule); the timer's check held the save to MAX_LEAVES, called the right answer unreadable, and the candidate
+    was stale_output."""
+    from services.evaluator import held_memory
+
+    outputs = [torch.full((1,), float(i)) for i in range(MAX_LEAVES + 1)]
+    found = timer_check(tmp_path, outputs, outputs)
+    assert found["reason"] == "" and found["commitment"] == held_memory.saved_hash(outputs), found
+
+
 def test_the_timer_check_reports_the_error_of_a_wrong_output(tmp_path: Path) -> None:
     found = timer_check(tmp_path, torch.zeros(4), torch.tensor([0.0, 0.0, 0.5, 0.0]))
     assert "differs beyond" in found["reason"] and found["max_abs"] == pytest.approx(0.5)
