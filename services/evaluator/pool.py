@@ -96,6 +96,10 @@ class Worker:
     cursor: int = 0
     # The kernel's count of the job's memory and CPU, where the host gives the service cgroups (job_cgroup).
     cgroup: job_cgroup.JobCgroup | None = None
+    # The service's own read-only descriptor of the worker's stdio.log, opened when it made the file: in `process`
+    # isolation the job may write the directory the log is in, and put a FIFO there (an open of the path blocked
+    # the service's event loop for good) or a link to any file the service may read (shown in the verdict).
+    stdio: int = -1
 
     async def send(self, message: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
@@ -179,9 +183,10 @@ class Worker:
         return False
 
     def _stdio_tail(self) -> str:
-        with contextlib.suppress(OSError), open(self.root / "stdio.log", "rb") as handle:
-            handle.seek(max(0, handle.seek(0, os.SEEK_END) - STDIO_TAIL_BYTES))
-            return handle.read().decode(errors="replace")
+        with contextlib.suppress(OSError):
+            size = os.fstat(self.stdio).st_size
+            start = max(0, size - STDIO_TAIL_BYTES)
+            return os.pread(self.stdio, size - start, start).decode(errors="replace")
         return ""
 
 
@@ -462,30 +467,35 @@ class WorkerPool:
         )
         threads = self.settings.threads_per_worker
         read_fd, write_fd = os.pipe()
-        with open(root / "stdio.log", "wb") as stdio:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-P",
-                "-m",
-                "services.evaluator.worker",
-                "--spec",
-                spec.to_arg(),
-                "--events-fd",
-                str(write_fd),
-                "--device",
-                device,
-                "--threads",
-                str(threads),
-                "--cache-dir",
-                str(self.settings.cache_dir),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=stdio,
-                stderr=stdio,
-                cwd=home,
-                pass_fds=(write_fd,),
-                env=self._child_env(home, gpu, threads),
-                start_new_session=True,
-            )
+        with open(root / "stdio.log", "xb") as stdio:
+            stdio_reader = os.open(root / "stdio.log", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-P",
+                    "-m",
+                    "services.evaluator.worker",
+                    "--spec",
+                    spec.to_arg(),
+                    "--events-fd",
+                    str(write_fd),
+                    "--device",
+                    device,
+                    "--threads",
+                    str(threads),
+                    "--cache-dir",
+                    str(self.settings.cache_dir),
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=stdio,
+                    stderr=stdio,
+                    cwd=home,
+                    pass_fds=(write_fd,),
+                    env=self._child_env(home, gpu, threads),
+                    start_new_session=True,
+                )
+            except BaseException:
+                os.close(stdio_reader)
+                raise
         os.close(write_fd)
         if os.geteuid() == 0:
             # Idle workers start (import torch) behind the evaluations that run: only root can undo a nice value,
@@ -493,7 +503,15 @@ class WorkerPool:
             with contextlib.suppress(OSError):
                 os.setpriority(os.PRIO_PROCESS, proc.pid, IDLE_NICE)
         worker = Worker(
-            proc=proc, device=device, root=root, home=home, uid=uid, gpu=gpu, signaller=self.signaller, cgroup=cgroup
+            proc=proc,
+            device=device,
+            root=root,
+            home=home,
+            uid=uid,
+            gpu=gpu,
+            signaller=self.signaller,
+            cgroup=cgroup,
+            stdio=stdio_reader,
         )
         loop = asyncio.get_running_loop()
         stream = asyncio.StreamReader(limit=MAX_EVENT_BYTES, loop=loop)
@@ -515,6 +533,8 @@ class WorkerPool:
                     task.cancel()
             await asyncio.to_thread(remove_tree, worker.root)
         finally:
+            with contextlib.suppress(OSError):
+                os.close(worker.stdio)
             # Whatever failed above, the job's cgroup and uid go back: a lease lost per failure ends the pool.
             if worker.cgroup is not None and self.cgroups is not None:
                 await asyncio.to_thread(self.cgroups.release, worker.cgroup)

@@ -123,6 +123,22 @@ NAN_OUTPUT = candidate("y = x.clamp_min(0) * self.scale\ny[0, 0] = float('nan')\
 SEGFAULT = candidate("ctypes.string_at(0)\nreturn x", prelude="import ctypes")
 OS_EXIT = candidate("os._exit(7)", prelude="import os")
 INFINITE_LOOP = candidate("while True:\n    pass")
+# Swap the worker's stdio.log (in the directory above the job's home, which a `process`-isolation job may write)
+# for a FIFO or a link to a file the service may read, then exit: the service reads that log for the verdict's
+# message. A FIFO blocked the service's event loop for good. In strict isolation the swap fails; the exit stays.
+_SWAP_LOG = """
+import os, sys
+print("written before the swap", flush=True)
+log = os.path.join(os.path.dirname(os.getcwd()), "stdio.log")
+try:
+    os.unlink(log)
+    {make}
+except OSError:
+    pass
+os._exit(1)
+"""
+FIFO_FOR_ITS_LOG = candidate("return x", prelude=_SWAP_LOG.format(make="os.mkfifo(log)"))
+LINK_FOR_ITS_LOG = candidate("return x", prelude=_SWAP_LOG.format(make='os.symlink("/etc/passwd", log)'))
 HUGE_ALLOCATION = candidate("big = torch.empty(1 << 40)\nreturn big")
 INPUT_MUTATION = candidate("x.clamp_(min=0)\nreturn x * self.scale")
 PATCH_ALLCLOSE = candidate("return x", prelude="torch.allclose = lambda *args, **kwargs: True")

@@ -38,6 +38,9 @@ CASES = {
     "hex_bomb_output": (sources.HEX_BOMB_OUTPUT, "incorrect", "global '_codecs encode'", []),
     "shared_key_output": (sources.SHARED_KEY_OUTPUT, "incorrect", "reaches more than", []),
     "deep_key_check": (sources.DEEP_KEY_CHECK, "rejected", "not the one its timed call produced", ["result_tampering"]),
+    # The message comes from the log the worker wrote, whatever the job put at its path afterwards.
+    "fifo_for_its_log": (sources.FIFO_FOR_ITS_LOG, "crashed", "written before the swap", []),
+    "link_for_its_log": (sources.LINK_FOR_ITS_LOG, "crashed", "written before the swap", []),
 }
 
 
@@ -55,6 +58,7 @@ def test_hostile_candidate_gets_its_verdict(any_client: httpx.Client, name: str)
     assert needle in result["message"]
     assert set(flags) <= set(result["flags"])
     assert result["correct"] is False and result["speedup"] is None
+    assert "root:" not in result["message"]  # nothing of a file the job linked its log to
     assert_still_correct(any_client)
 
 
