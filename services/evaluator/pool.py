@@ -533,8 +533,10 @@ class WorkerPool:
                     task.cancel()
             await asyncio.to_thread(remove_tree, worker.root)
         finally:
+            # Never read again: the number may soon name another file the service opens.
+            stdio, worker.stdio = worker.stdio, -1
             with contextlib.suppress(OSError):
-                os.close(worker.stdio)
+                os.close(stdio)
             # Whatever failed above, the job's cgroup and uid go back: a lease lost per failure ends the pool.
             if worker.cgroup is not None and self.cgroups is not None:
                 await asyncio.to_thread(self.cgroups.release, worker.cgroup)
