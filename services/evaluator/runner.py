@@ -416,8 +416,7 @@ def check_saved_output(context: WorkerContext, expected: Any, command: dict[str,
     try:
         produced = compare.load_file(context.home / "inputs" / f"check_{int(command['check'])}.pt")
         outputs = produced["outputs"] if type(produced) is dict and "outputs" in produced else None
-        # As many leaves as the reference's, where it has more than a candidate may (compare_trial's rule).
-        leaves = compare.flatten(outputs, max_leaves=max(compare.MAX_LEAVES, len(want)))
+        leaves = compare.candidate_leaves(outputs, want)
         problems = [compare.tensor_problem("output", leaf) for leaf in leaves if isinstance(leaf, torch.Tensor)]
     except Exception as error:  # the candidate's file: its verdict, never this worker's failure
         found["reason"] = f"unreadable output ({type(error).__name__}: {error})"[:500]
