@@ -2,7 +2,7 @@
 
 `python -m tests.evaluator.gpu.split_corpus_runner CASE split|whole CACHE_DIR BUILD_ROOT` prints one JSON line:
 the verdict (compile_error, runtime_error, incorrect, correct), the build path that ran (split, fallback, whole),
-the build's seconds and a digest of the outputs. A process of its own per run, so a device fault stays in it.
+the build's seconds (wall, and CPU: this process's and its compilers') and a digest of the outputs. A process of its own per run, so a device fault stays in it.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import functools
 import hashlib
 import json
 import os
+import resource
 import sys
 import time
 import traceback
@@ -40,7 +41,7 @@ def _builder(path: str, cache_dir: Path, build_root: Path, report: dict[str, Any
         build_dir.mkdir(parents=True, exist_ok=True)
         # A build that raises was decided by the whole build: after a split that failed, or without one.
         report["build_path"] = "fallback" if build_cache.SPLIT_ARGUMENT in parsed else "whole"
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), _cpu_s()
         stand_in, cpp_extension.load_inline = cpp_extension.load_inline, original
         try:
             built = build_cache.build({"kind": kind, "arguments": parsed, "key": key}, build_dir, "cuda", cache_dir)
@@ -48,11 +49,19 @@ def _builder(path: str, cache_dir: Path, build_root: Path, report: dict[str, Any
         finally:
             cpp_extension.load_inline = stand_in
             report["build_s"] = round(time.perf_counter() - started, 2)
+            report["build_cpu_s"] = round(_cpu_s() - cpu_started, 2)
         name = build_cache.library_name(key)
         return build_cache._load_library(build_dir / f"{name}.so", name, True)
 
     # parse_request reads the signature of cpp_extension.load_inline: keep the original's.
     return functools.wraps(original)(load_inline)
+
+
+def _cpu_s() -> float:
+    """CPU seconds used by this process and its children that were waited for: the build's compilers, each
+    counted once it has exited (ninja waits for them, this process for ninja)."""
+    usages = (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+    return sum(usage.ru_utime + usage.ru_stime for usage in usages)
 
 
 def _flatten(value: Any) -> list[torch.Tensor]:

@@ -4,7 +4,7 @@ Every candidate of tests/evaluator/cuda_corpus is built twice through build_cach
 build asked for (EVALUATOR_SPLIT_BUILD=1) and once whole, each in a process of its own, loaded and checked
 against its reference on the GPU. The verdicts must be identical, the whole build's must be the one the corpus
 expects, and the splitter must accept at least 80 % of the corpus. `SPLIT_BUILD_REPORT=file.json` keeps the runs
-(build seconds per path, errors, output digests) for BENCHMARKS.md, `SPLIT_BUILD_LOG=file.jsonl` each run as it ends,
+(build seconds per path, wall and CPU, errors, output digests) for BENCHMARKS.md, `SPLIT_BUILD_LOG=file.jsonl` each run as it ends,
 `SPLIT_BUILD_WARM=1` a third round with the bindings cached, and `SPLIT_BUILD_PATHS=split` the split path alone.
 
 Run from the source tree on a CUDA machine: `PYTHONPATH=. python -m pytest -m gpu tests/evaluator/gpu/test_split_build_gpu.py`.
@@ -36,6 +36,11 @@ pytestmark = [
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
+# Where a toolchain's C++ exceptions do not cross the extension boundary, a throwing extension kills its process:
+# on the GPU image (torch 2.11.0+cu130, g++ 13.3.0) every load_inline extension whose TORCH_CHECK fails dies of
+# SIGSEGV, built by torch itself with no evaluator in the way (BENCHMARKS.md). Both verdicts get the same reward;
+# the two paths must still agree (the mismatch check below).
+ACCEPTED = {"runtime_error": {"runtime_error", "crashed"}}
 PARALLEL = int(os.environ.get("SPLIT_BUILD_PARALLEL", max(2, (os.cpu_count() or 4) // 2)))
 
 
@@ -102,11 +107,12 @@ def test_split_and_whole_builds_give_identical_verdicts(tmp_path: Path) -> None:
         # Cold builds again, the bindings now cached: what a candidate costs once its declarations were seen.
         warm = _run_all("split", cases, cache_dir, build_root / "warm")
         runs["split_binding_cached"] = warm
-        warm_times = [r["build_s"] for r in warm if r.get("build_path") == "split"]
-        report["median_split_build_binding_cached_s"] = statistics.median(warm_times) if warm_times else None
     for path, results in runs.items():
-        times = [r["build_s"] for r in results if r.get("build_path", path) == path and "build_s" in r]
-        report[f"median_{path}_build_s"] = statistics.median(times) if times else None
+        # The split rounds' medians are of the builds that took the split (not the fallbacks, not the refusals).
+        taken = "split" if path.startswith("split") else path
+        ran = [r for r in results if r.get("build_path", taken) == taken and "build_s" in r]
+        report[f"median_{path}_build_s"] = statistics.median(r["build_s"] for r in ran) if ran else None
+        report[f"median_{path}_build_cpu_s"] = statistics.median(r["build_cpu_s"] for r in ran) if ran else None
     if os.environ.get("SPLIT_BUILD_REPORT"):
         Path(os.environ["SPLIT_BUILD_REPORT"]).write_text(json.dumps(report, indent=1))
     if "whole" in runs and "split" in runs:
@@ -120,7 +126,7 @@ def test_split_and_whole_builds_give_identical_verdicts(tmp_path: Path) -> None:
         unexpected = [
             (case.name, case.expect, result["verdict"], result.get("message", "")[-300:])
             for case, result in zip(cases, results, strict=True)
-            if result["verdict"] != case.expect
+            if result["verdict"] not in ACCEPTED.get(case.expect, {case.expect})
         ]
         assert not unexpected, (path, unexpected)
     if "split" in runs:
