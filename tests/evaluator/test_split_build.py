@@ -423,6 +423,31 @@ def test_stub_forwards_the_extensions_init_to_the_shared_binding(tmp_path: Path)
     assert module.twice(21) == 42
 
 
+def test_the_stub_compiles_without_the_host_codes_pch(
+    corpus: list[tuple[cuda_corpus.Case, dict[str, Any]]],
+    cuda_toolchain: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The host file is compiled against the types.h PCH; the stub, which includes nothing, is not (loading the PCH
+    was most of its compile). Here the PCH path names no file: a stub given it would not compile."""
+    import subprocess
+
+    missing = tmp_path / "no-such-pch" / "types.h"
+    monkeypatch.setattr(split_build.pch, "find_pch", lambda *args, **kwargs: missing)
+    objects, _ = split_build.write_ninja(_plan(corpus, "c01_relu_basic"), tmp_path, "ext_stub", tmp_path, ["-O3"])
+    host, stub = (next(o for o in objects if o.startswith(prefix)) for prefix in ("split_host", "split_stub"))
+
+    def command(target: str) -> str:
+        listed = subprocess.run(["ninja", "-t", "commands", "-s", target], cwd=tmp_path, capture_output=True, text=True)
+        return listed.stdout
+
+    assert str(missing) in command(host)
+    assert str(missing) not in command(stub) and "-DTORCH_EXTENSION_NAME=ext_stub" in command(stub)
+    split_build.run_ninja(tmp_path, [stub], timeout_s=120)
+    assert (tmp_path / stub).stat().st_size > 0
+
+
 @pytest.mark.slow
 def test_the_generated_binding_compiles_without_the_cpp_frontend_and_calls_the_host_code(tmp_path: Path) -> None:
     """A binding as make_plan writes it (torch's pybind11 headers only, `torch::` as torch/types.h names it) for
