@@ -37,7 +37,14 @@ from services.evaluator.pool import QueueFullError, Worker, WorkerPool, WorkerSt
 from services.evaluator.safe_files import copy_file_beneath, open_beneath, read_file_beneath
 from services.evaluator.sandbox import write_readonly_file
 from services.evaluator.static_checks import check_candidate, reference_problems
-from services.evaluator.verdict import CandidateRun, TimingResult, candidate_result, needs_whole_rebuild, truncate
+from services.evaluator.verdict import (
+    CandidateRun,
+    TimingResult,
+    candidate_result,
+    needs_whole_rebuild,
+    printable,
+    truncate,
+)
 from shared.contracts import EvaluateRequest, EvaluationResult, EvaluationStatus
 
 log = logging.getLogger(__name__)
@@ -1371,7 +1378,7 @@ def _nbytes(value: Any) -> int:
 
 
 def _bare(status: EvaluationStatus, message: str, flags: list[str] | None = None) -> EvaluationResult:
-    return EvaluationResult(status=status, compiled=False, correct=False, message=message, flags=flags or [])
+    return EvaluationResult(status=status, compiled=False, correct=False, message=printable(message), flags=flags or [])
 
 
 __all__ = ["HACK_FLAGS", "Comparison", "Evaluator", "EvaluatorFailure", "InvalidRequestError"]

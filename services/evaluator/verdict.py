@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,17 @@ SPLIT_SENSITIVE = frozenset(
         EvaluationStatus.crashed,
     }
 )
+
+
+# Control characters other than tab and newline: C0, DEL and C1 (ESC among them, which starts a terminal's escape
+# sequences).
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` with each control character but tab and newline written as its escape (`\\x1b`): a message carries
+    what a candidate printed or raised, and goes to terminals (the CLI) and into the next prompt."""
+    return CONTROL_CHARACTERS.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
 
 
 def truncate(text: str, limit: int) -> str:
@@ -185,7 +197,7 @@ def candidate_result(run: CandidateRun, reject: frozenset[str], message_chars: i
         max_abs_error=comparison.max_abs_error if comparison else None,
         max_rel_error=comparison.max_rel_error if comparison else None,
         flags=sorted(set(flags)),
-        message=truncate(message, message_chars),
+        message=truncate(printable(message), message_chars),
         device=timing.device if timing else "",
         cache_hit=run.cache_hits > 0,
         build_path=run.build_path,

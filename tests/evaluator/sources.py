@@ -123,6 +123,13 @@ NAN_OUTPUT = candidate("y = x.clamp_min(0) * self.scale\ny[0, 0] = float('nan')\
 SEGFAULT = candidate("ctypes.string_at(0)\nreturn x", prelude="import ctypes")
 OS_EXIT = candidate("os._exit(7)", prelude="import os")
 INFINITE_LOOP = candidate("while True:\n    pass")
+# Terminal escapes (clear the screen, set the window title, a C1 control) in what it prints before it exits, and in
+# an exception it raises: a message carries both to terminals and prompts.
+ESCAPES_THEN_EXIT = candidate(
+    'sys.stderr.write("\\x1b[2J\\x1b]0;owned\\x07\\x9b31m\\x00done\\n"); sys.stderr.flush()\nos._exit(7)',
+    prelude="import os, sys",
+)
+ESCAPES_RAISED = candidate('raise RuntimeError("\\x1b[2Jscreen cleared\\x1b]0;owned\\x07")')
 # Swap the worker's stdio.log (in the directory above the job's home, which a `process`-isolation job may write)
 # for a FIFO or a link to a file the service may read, then exit: the service reads that log for the verdict's
 # message. A FIFO blocked the service's event loop for good. In strict isolation the swap fails; the exit stays.
