@@ -603,8 +603,17 @@ class Judge:
                 blocks = await self._timed_blocks(candidate, timer, calls)
                 round_s = time.monotonic() - round_started
                 share = room_share(blocks)
-                rounds.append(f"{len(blocks['candidate'])}x{calls} calls {round_s:.1f} s room {share:.2f}")
                 timing = judge_timing(blocks, self.reference, ready, self.request, kernels, share)
+                # The draws of both sides by the judge's clock (reference / candidate, ms, medians): an honest
+                # candidate's round flagged as slower there (seen once, under load, in process isolation) says why.
+                drawn = "/".join(
+                    f"{statistics.median(b.drawn_s for b in blocks[side]) * 1e3:.2f}"
+                    for side in ("reference", "candidate")
+                )
+                flagged = " implausible" if "implausible_timing" in timing.flags else ""
+                rounds.append(
+                    f"{len(blocks['candidate'])}x{calls} calls {round_s:.1f} s room {share:.2f} drawn {drawn} ms{flagged}"
+                )
                 if "implausible_timing" not in timing.flags and (chosen is None or share < chosen[0]):
                     # The round the judge's clock resolved best counts: longer blocks can be noisier on a loaded CPU.
                     chosen = (share, timing)
