@@ -1369,7 +1369,7 @@ def _unconfirmed(result: EvaluationResult, why: str, message_chars: int) -> Eval
             "status": EvaluationStatus.evaluator_error,
             "correct": False,
             "speedup": None,
-            "message": truncate(f"{message}\n{result.message}", message_chars),
+            "message": truncate(printable(f"{message}\n{result.message}"), message_chars),
         }
     )
 

@@ -26,15 +26,23 @@ SPLIT_SENSITIVE = frozenset(
 )
 
 
-# Control characters other than tab and newline: C0, DEL and C1 (ESC among them, which starts a terminal's escape
-# sequences).
-CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# What a message never carries as is: control characters other than tab and newline (C0, DEL, C1: ESC starts a
+# terminal's escape sequences); lone surrogates (a worker's JSON can carry "\ud800", which no UTF-8 response can
+# encode: the service answered 500 instead of the verdict); and the invisible characters that reorder or hide text
+# (zero-width ones, line and paragraph separators, bidirectional embeddings, overrides and isolates, the BOM).
+UNPRINTABLE = re.compile(
+    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb\ud800-\udfff]"
+)
 
 
 def printable(text: str) -> str:
-    """`text` with each control character but tab and newline written as its escape (`\\x1b`): a message carries
-    what a candidate printed or raised, and goes to terminals (the CLI) and into the next prompt."""
-    return CONTROL_CHARACTERS.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+    """`text` with each character of UNPRINTABLE written as its escape (`\\x1b`, `\\u202e`): a message carries what
+    a candidate printed or raised, and goes to terminals (the CLI), into JSON responses and into the next prompt."""
+    return UNPRINTABLE.sub(lambda match: _escape(ord(match.group())), text)
+
+
+def _escape(code: int) -> str:
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def truncate(text: str, limit: int) -> str:

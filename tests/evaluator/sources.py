@@ -129,7 +129,9 @@ ESCAPES_THEN_EXIT = candidate(
     'sys.stderr.write("\\x1b[2J\\x1b]0;owned\\x07\\x9b31m\\x00done\\n"); sys.stderr.flush()\nos._exit(7)',
     prelude="import os, sys",
 )
-ESCAPES_RAISED = candidate('raise RuntimeError("\\x1b[2Jscreen cleared\\x1b]0;owned\\x07")')
+# Also a lone surrogate (the worker's JSON carries it as "\\ud800", which no UTF-8 response can encode) and a
+# right-to-left override.
+ESCAPES_RAISED = candidate('raise RuntimeError("\\x1b[2Jscreen cleared\\x1b]0;owned\\x07 \\ud800 \\u202edesrever")')
 # Swap the worker's stdio.log (in the directory above the job's home, which a `process`-isolation job may write)
 # for a FIFO or a link to a file the service may read, then exit: the service reads that log for the verdict's
 # message. A FIFO blocked the service's event loop for good. In strict isolation the swap fails; the exit stays.

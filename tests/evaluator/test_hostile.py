@@ -3,11 +3,10 @@ still scored correct (the fault never leaks into the next job)."""
 
 from __future__ import annotations
 
-import re
-
 import httpx
 import pytest
 
+from services.evaluator.verdict import UNPRINTABLE
 from tests.evaluator import sources
 from tests.evaluator.conftest import FAKE_API_KEY, evaluate
 
@@ -21,7 +20,12 @@ CASES = {
     "segfault": (sources.SEGFAULT, "crashed", "SIGSEGV", []),
     "os_exit": (sources.OS_EXIT, "crashed", "exited with code 7", []),
     "escapes_then_exit": (sources.ESCAPES_THEN_EXIT, "crashed", "\\x1b[2J\\x1b]0;owned\\x07\\x9b31m\\x00done", []),
-    "escapes_raised": (sources.ESCAPES_RAISED, "runtime_error", "\\x1b[2Jscreen cleared", []),
+    "escapes_raised": (
+        sources.ESCAPES_RAISED,
+        "runtime_error",
+        "RuntimeError: \\x1b[2Jscreen cleared\\x1b]0;owned\\x07 \\ud800 \\u202edesrever",
+        [],
+    ),
     "huge_allocation": (sources.HUGE_ALLOCATION, "runtime_error", "alloc", []),
     "input_mutation": (sources.INPUT_MUTATION, "rejected", "input_mutation", ["input_mutation"]),
     "patch_allclose": (sources.PATCH_ALLCLOSE, "rejected", "torch.allclose", ["monkeypatch"]),
@@ -60,8 +64,9 @@ def test_hostile_candidate_gets_its_verdict(any_client: httpx.Client, name: str)
     result = evaluate(any_client, candidate)
     assert result["status"] == status, result["message"]
     assert needle in result["message"]
-    # Whatever the candidate printed or raised, the message holds no control character but tab and newline.
-    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", result["message"]), repr(result["message"][-500:])
+    # Whatever the candidate printed or raised, the message holds no control character but tab and newline, no
+    # lone surrogate, no invisible character that reorders text.
+    assert not UNPRINTABLE.search(result["message"]), repr(result["message"][-500:])
     assert set(flags) <= set(result["flags"])
     assert result["correct"] is False and result["speedup"] is None
     assert "root:" not in result["message"]  # nothing of a file the job linked its log to
