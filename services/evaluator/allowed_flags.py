@@ -8,6 +8,11 @@ the same by other roads, so flags are matched against the shapes honest kernels 
 language standard, code generation, warnings, libraries and paths, nvcc's device options) and anything else is
 refused with its name. Options handed on to another tool (`-Xcompiler`, `-Xptxas`, `-Xcudafe`, `-Wl,`) are
 checked as that tool's, value by value.
+
+torch writes the flags into build.ninja unquoted, and ninja runs each command through `/bin/sh -c`: a value with a
+shell's `;` or `$` ran the candidate's commands in the builder (a red-team candidate's `-DX=1;id;...`). So no value
+here holds a character the shell or ninja reads (`;`, `$`, quotes, backticks, `|`, `&`, `<`, `>`, spaces,
+newlines), and include paths (`extra_include_paths`, which torch writes beside them) are held to the same.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import re
 # g++ (and nvcc's host compiler), one option each.
 _HOST = re.compile(
     r"-O[0-3sgz]?|-Ofast|-g[0-3]?|-w|-pedantic|-pthread|-shared|-fPIC|-DNDEBUG"
-    r"|-[DU][A-Za-z_][A-Za-z0-9_]*(=[^\s@]*)?"
+    r"|-[DU][A-Za-z_][A-Za-z0-9_]*(=[A-Za-z0-9_.,+:/-]*)?"
     r"|-std=[a-z0-9+]+"
     r"|-f(?!plugin)[a-z][a-z0-9-]*(=[A-Za-z0-9_.,+-]+)?"
     r"|-m[a-z][a-z0-9-]*(=[A-Za-z0-9_.,+-]+)?"
@@ -39,6 +44,10 @@ _HANDED_ON = {"-Xcompiler": "host", "--compiler-options": "host", "-Xptxas": "pt
               "-Xcudafe": "cudafe"}  # fmt: skip
 _PTXAS = re.compile(r"-v|--verbose|-O[0-3]|--allow-expensive-optimizations(=(true|false))?|--warn-on-spills")
 _CUDAFE = re.compile(r"--diag[_-]suppress=[A-Za-z0-9_,]+")
+
+
+# A directory of extra_include_paths: characters no shell or ninja file reads specially.
+_INCLUDE_PATH = re.compile(r"[A-Za-z0-9_./+-]+")
 
 
 class BuildFlagError(ValueError):
@@ -67,6 +76,17 @@ def check(name: str, flags: list[str]) -> None:
             continue
         else:
             raise BuildFlagError(f"{name}: the flag {flag!r} is not one the builder passes (see docs/evaluator.md)")
+
+
+def check_include_paths(paths: list[str]) -> None:
+    """Refuse (BuildFlagError) an include directory that a shell or ninja would read as more than a path."""
+    if not isinstance(paths, list) or not all(isinstance(path, str) for path in paths):
+        raise BuildFlagError("extra_include_paths: paths must be strings")
+    for path in paths:
+        if not _INCLUDE_PATH.fullmatch(path):
+            raise BuildFlagError(
+                f"extra_include_paths: {path!r} is not a path the builder passes (see docs/evaluator.md)"
+            )
 
 
 def _check_handed_on(tool: str, values: str, flag: str) -> None:

@@ -189,12 +189,17 @@ def parse_request(event: dict[str, Any], device: str, allow_split: bool = True) 
             raise BuildRequestError("load() needs source files with plain names")
         arguments.pop("sources", None)
     arguments = {name: value for name, value in arguments.items() if name not in NON_KEY_ARGS}
-    for name in ("extra_cflags", "extra_cuda_cflags", "extra_ldflags"):
-        flags = arguments.get(name) or []
-        try:
+    # SYCL builds use a compiler no evaluator has, with flags the allow-list does not know.
+    if arguments.get("with_sycl") or arguments.get("extra_sycl_cflags") or arguments.get("sycl_sources"):
+        raise BuildRequestError("SYCL builds are not supported")
+    try:
+        for name in ("extra_cflags", "extra_cuda_cflags", "extra_ldflags"):
+            flags = arguments.get(name) or []
             allowed_flags.check(name, [flags] if isinstance(flags, str) else flags)
-        except allowed_flags.BuildFlagError as error:
-            raise BuildRequestError(str(error)) from error
+        paths = arguments.get("extra_include_paths") or []
+        allowed_flags.check_include_paths([paths] if isinstance(paths, str) else paths)
+    except allowed_flags.BuildFlagError as error:
+        raise BuildRequestError(str(error)) from error
     _merge_flags(arguments, device)
     if allow_split and kind == "load_inline" and device == "cuda" and split_build.enabled():
         binding = split_build.expected_binding(arguments, build_flags(device)["extra_cflags"])

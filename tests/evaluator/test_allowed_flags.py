@@ -3,9 +3,11 @@ loading code in the builder is refused."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from services.evaluator.allowed_flags import BuildFlagError, check
+from services.evaluator.allowed_flags import BuildFlagError, check, check_include_paths
 
 ALLOWED = [
     ("extra_cuda_cflags", ["-O3", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr", "-std=c++17", ""]),
@@ -14,6 +16,7 @@ ALLOWED = [
     ("extra_cuda_cflags", ["-U__CUDA_NO_HALF_OPERATORS__", "-Xcudafe", "--diag_suppress=177"]),
     ("extra_cflags", ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-std=c++17", "-I/usr/include"]),
     ("extra_ldflags", ["-lcublas", "-Wl,-rpath,/usr/lib", "-L/usr/local/cuda/lib64", "-fopenmp"]),
+    ("extra_cflags", ["-DBLOCK_SIZE=256", "-DSCALE=0.5f", "-DUSE_FAST", "-DPATH=a/b:c-d,e+f"]),
 ]
 
 REFUSED = [
@@ -31,6 +34,15 @@ REFUSED = [
     ("extra_cuda_cflags", ["-Xlinker", "-plugin"]),
     ("extra_cuda_cflags", ["-optf", "args.txt"]),
     ("extra_cflags", [3]),
+    # torch writes flags into build.ninja unquoted and ninja runs them through /bin/sh: a red-team candidate's
+    # `-DX=1;id;...` ran its commands in the builder.
+    ("extra_cflags", ["-DX=1;id;false;"]),
+    ("extra_cflags", ["-DX=$$(id)"]),
+    ("extra_cflags", ["-DX=`id`"]),
+    ("extra_cflags", ["-DX=a|id"]),
+    ("extra_cflags", ["-DX=a>out"]),
+    ("extra_cuda_cflags", ["-Xcompiler", "-DX=1;id"]),
+    ("extra_cuda_cflags", ["-DX=1&&id"]),
 ]
 
 
@@ -43,3 +55,13 @@ def test_the_flags_kernels_use_pass(name: str, flags: list[str]) -> None:
 def test_flags_that_run_or_load_code_are_refused(name: str, flags: list[str]) -> None:
     with pytest.raises(BuildFlagError, match="flag"):
         check(name, flags)
+
+
+def test_include_paths_are_plain_paths() -> None:
+    """torch writes extra_include_paths into build.ninja beside the flags: a newline there starts a line of the
+    ninja file (a rule of the candidate's), a quote or `$` reaches the shell."""
+    check_include_paths(["/usr/local/cuda/include", "third_party/cutlass-3.5/include", "."])
+    refused: list[Any] = ["x\nrule run\n  command = id", "x';id;'", "$(id)", "a b", 3]
+    for path in refused:
+        with pytest.raises(BuildFlagError):
+            check_include_paths([path])

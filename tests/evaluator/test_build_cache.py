@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.evaluator import sources
 from tests.evaluator.conftest import evaluate, server_env
@@ -63,6 +64,27 @@ def test_a_library_a_job_rewrote_is_built_again(process_client: httpx.Client) ->
     assert again["status"] == "correct" and again["cache_hit"] is False, again["message"]
     cached = evaluate(process_client, sources.CPP_CORRECT)
     assert cached["status"] == "correct" and cached["cache_hit"] is True, cached["message"]
+
+
+@pytest.mark.parametrize(
+    ("argument", "marker"),
+    [
+        ('extra_cflags=["-DX=1;echo$${IFS}ka$${IFS}shell;false;"]', "'-DX=1;echo"),
+        ("extra_include_paths=[\"x';echo$${IFS}ka$${IFS}shell;'\"]", "extra_include_paths"),
+    ],
+    ids=["define", "include_path"],
+)
+def test_shell_words_in_build_arguments_run_nothing_in_the_builder(
+    any_client: httpx.Client, argument: str, marker: str
+) -> None:
+    """torch writes flags and include paths into build.ninja unquoted, and ninja runs each command through
+    /bin/sh: a red-team candidate ran `id` in the builder through a `-D` value. Refused by name, and the command's
+    output ("ka shell", which the flag's text does not contain) is nowhere in the verdict."""
+    candidate = sources.CPP_CORRECT.replace('functions=["scaled_relu"])', f'functions=["scaled_relu"], {argument})')
+    assert candidate != sources.CPP_CORRECT
+    result = evaluate(any_client, candidate, timeout_s=600)
+    assert result["status"] == "compile_error" and marker in result["message"], result["message"]
+    assert "ka shell" not in result["message"]
 
 
 def test_a_flag_that_runs_a_program_in_the_builder_is_refused(client: httpx.Client) -> None:
