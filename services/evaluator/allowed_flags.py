@@ -12,7 +12,8 @@ checked as that tool's, value by value.
 torch writes the flags into build.ninja unquoted, and ninja runs each command through `/bin/sh -c`: a value with a
 shell's `;` or `$` ran the candidate's commands in the builder (a red-team candidate's `-DX=1;id;...`). So no value
 here holds a character the shell or ninja reads (`;`, `$`, quotes, backticks, `|`, `&`, `<`, `>`, spaces,
-newlines), and include paths (`extra_include_paths`, which torch writes beside them) are held to the same.
+newlines). torch shell-quotes include paths (`extra_include_paths`) but does not escape them for ninja, where a
+newline starts a line of the ninja file: they are held to plain paths.
 """
 
 from __future__ import annotations

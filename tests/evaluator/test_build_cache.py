@@ -77,9 +77,10 @@ def test_a_library_a_job_rewrote_is_built_again(process_client: httpx.Client) ->
 def test_shell_words_in_build_arguments_run_nothing_in_the_builder(
     any_client: httpx.Client, argument: str, marker: str
 ) -> None:
-    """torch writes flags and include paths into build.ninja unquoted, and ninja runs each command through
-    /bin/sh: a red-team candidate ran `id` in the builder through a `-D` value. Refused by name, and the command's
-    output ("ka shell", which the flag's text does not contain) is nowhere in the verdict."""
+    """torch writes flags into build.ninja unquoted (include paths shell-quoted, not escaped for ninja), and ninja
+    runs each command through /bin/sh: a red-team candidate ran `id` in the builder through a `-D` value. Refused
+    by name, and the command's output ("ka shell", which the flag's text does not contain) is nowhere in the
+    verdict."""
     candidate = sources.CPP_CORRECT.replace('functions=["scaled_relu"])', f'functions=["scaled_relu"], {argument})')
     assert candidate != sources.CPP_CORRECT
     result = evaluate(any_client, candidate, timeout_s=600)
