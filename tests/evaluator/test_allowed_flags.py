@@ -58,8 +58,8 @@ def test_flags_that_run_or_load_code_are_refused(name: str, flags: list[str]) ->
 
 
 def test_include_paths_are_plain_paths() -> None:
-    """torch writes extra_include_paths into build.ninja beside the flags: a newline there starts a line of the
-    ninja file (a rule of the candidate's), a quote or `$` reaches the shell."""
+    """torch writes extra_include_paths into build.ninja shell-quoted but not escaped for ninja: a newline there
+    starts a line of the ninja file (a rule of the candidate's), a `$` is ninja's."""
     check_include_paths(["/usr/local/cuda/include", "third_party/cutlass-3.5/include", "."])
     refused: list[Any] = ["x\nrule run\n  command = id", "x';id;'", "$(id)", "a b", 3]
     for path in refused:
