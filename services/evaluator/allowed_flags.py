@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import re
 
+# A path in a flag (`-I`, `-L`, `-l`) or in extra_include_paths: characters no shell or ninja file reads specially.
+_PATH = r"[A-Za-z0-9_./+-]+"
 # g++ (and nvcc's host compiler), one option each.
 _HOST = re.compile(
     r"-O[0-3sgz]?|-Ofast|-g[0-3]?|-w|-pedantic|-pthread|-shared|-fPIC|-DNDEBUG"
@@ -28,7 +30,7 @@ _HOST = re.compile(
     r"|-f(?!plugin)[a-z][a-z0-9-]*(=[A-Za-z0-9_.,+-]+)?"
     r"|-m[a-z][a-z0-9-]*(=[A-Za-z0-9_.,+-]+)?"
     r"|-W(?![lap],)[a-z][a-z0-9-]*(=[a-z0-9-]+)?"
-    r"|-[lLI][A-Za-z0-9_./+-]+"
+    rf"|-[lLI]{_PATH}"
 )
 # The linker behind `-Wl,`: options that name no program or plugin, and plain values (a library path).
 _LINKER = re.compile(r"-rpath|--(no-)?as-needed|-O[0-2]|--gc-sections|-Bsymbolic|-z|--export-dynamic|[A-Za-z0-9_./=+]+")
@@ -45,10 +47,6 @@ _HANDED_ON = {"-Xcompiler": "host", "--compiler-options": "host", "-Xptxas": "pt
               "-Xcudafe": "cudafe"}  # fmt: skip
 _PTXAS = re.compile(r"-v|--verbose|-O[0-3]|--allow-expensive-optimizations(=(true|false))?|--warn-on-spills")
 _CUDAFE = re.compile(r"--diag[_-]suppress=[A-Za-z0-9_,]+")
-
-
-# A directory of extra_include_paths: characters no shell or ninja file reads specially.
-_INCLUDE_PATH = re.compile(r"[A-Za-z0-9_./+-]+")
 
 
 class BuildFlagError(ValueError):
@@ -84,7 +82,7 @@ def check_include_paths(paths: list[str]) -> None:
     if not isinstance(paths, list) or not all(isinstance(path, str) for path in paths):
         raise BuildFlagError("extra_include_paths: paths must be strings")
     for path in paths:
-        if not _INCLUDE_PATH.fullmatch(path):
+        if not re.fullmatch(_PATH, path):
             raise BuildFlagError(
                 f"extra_include_paths: {path!r} is not a path the builder passes (see docs/evaluator.md)"
             )

@@ -2,7 +2,8 @@
 
 `python -m tests.evaluator.gpu.split_corpus_runner CASE split|whole CACHE_DIR BUILD_ROOT` prints one JSON line:
 the verdict (compile_error, runtime_error, incorrect, correct), the build path that ran (split, fallback, whole),
-the build's seconds (wall, and CPU: this process's and its compilers') and a digest of the outputs. A process of its own per run, so a device fault stays in it.
+the build's seconds (wall, and CPU: this process's and its compilers') and a digest of the outputs. A process of
+its own per run, so a device fault stays in it.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Every candidate of tests/evaluator/cuda_corpus is built twice through build_cach
 build asked for (EVALUATOR_SPLIT_BUILD=1) and once whole, each in a process of its own, loaded and checked
 against its reference on the GPU. The verdicts must be identical, the whole build's must be the one the corpus
 expects, and the splitter must accept at least 80 % of the corpus. `SPLIT_BUILD_REPORT=file.json` keeps the runs
-(build seconds per path, wall and CPU, errors, output digests) for BENCHMARKS.md, `SPLIT_BUILD_LOG=file.jsonl` each run as it ends,
-`SPLIT_BUILD_WARM=1` a third round with the bindings cached, and `SPLIT_BUILD_PATHS=split` the split path alone.
+(build seconds per path, wall and CPU, errors, output digests) for BENCHMARKS.md, `SPLIT_BUILD_LOG=file.jsonl`
+each run as it ends, `SPLIT_BUILD_WARM=1` a third round with the bindings cached, and `SPLIT_BUILD_PATHS=split` the split path alone.
 
 Run from the source tree on a CUDA machine: `PYTHONPATH=. python -m pytest -m gpu tests/evaluator/gpu/test_split_build_gpu.py`.
 """
