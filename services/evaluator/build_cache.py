@@ -49,7 +49,7 @@ CANDIDATE_FILE_ERRORS = frozenset({errno.ELOOP, errno.ENOTDIR, errno.ENOENT, err
 # Most extension builds one evaluation may ask for, and the size of one request's arguments.
 MAX_BUILDS = 8
 MAX_REQUEST_BYTES = 2 << 20
-_SOURCE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_SOURCE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # fullmatch: `$` would let a final newline through
 # The argument the service adds to a CUDA load_inline request it wants split-built (split_build.py): the key of
 # the binding object the builder will compile, which the service alone may publish into the binding cache.
 SPLIT_ARGUMENT = "split_build"
@@ -185,7 +185,7 @@ def parse_request(event: dict[str, Any], device: str, allow_split: bool = True) 
         raise BuildRequestError(f"unsupported build arguments: {sorted(unknown) or 'non-data values'}")
     if kind == "load":
         files = arguments.get("source_files")
-        if not isinstance(files, dict) or not files or not all(_SOURCE_NAME.match(name) for name in files):
+        if not isinstance(files, dict) or not files or not all(_SOURCE_NAME.fullmatch(name) for name in files):
             raise BuildRequestError("load() needs source files with plain names")
         arguments.pop("sources", None)
     arguments = {name: value for name, value in arguments.items() if name not in NON_KEY_ARGS}
@@ -225,7 +225,7 @@ def publish(
     target = cache_dir / key
     if cached_library(cache_dir, key, verify) is not None:
         return target / name
-    wanted = {f for f in files if isinstance(f, str) and _SOURCE_NAME.match(f) and f.endswith(PUBLISHED_SUFFIXES)}
+    wanted = {f for f in files if isinstance(f, str) and _SOURCE_NAME.fullmatch(f) and f.endswith(PUBLISHED_SUFFIXES)}
     if name not in wanted:
         raise BuildRequestError("the build produced no library")
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=cache_dir))

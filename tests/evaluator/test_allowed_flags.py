@@ -65,3 +65,18 @@ def test_include_paths_are_plain_paths() -> None:
     for path in refused:
         with pytest.raises(BuildFlagError):
             check_include_paths([path])
+
+
+def test_load_source_names_are_plain_names() -> None:
+    """load()'s file names reach build.ninja: a name ending in a newline passed a `$`-anchored pattern and broke
+    the line it stood on (a red-team candidate)."""
+    from services.evaluator.build_cache import BuildRequestError, parse_request
+
+    def request(name: str) -> dict[str, Any]:
+        return {"kind": "load", "arguments": {"name": "ext", "source_files": {name: "int f() { return 1; }"}}}
+
+    kind, _ = parse_request(request("scaled.cpp"), "cpu")
+    assert kind == "load"
+    for name in ["scaled.cpp\n", "../scaled.cpp", "a b.cpp", "$x.cpp"]:
+        with pytest.raises(BuildRequestError, match="plain names"):
+            parse_request(request(name), "cpu")
