@@ -461,6 +461,8 @@ def service_env(args: argparse.Namespace) -> dict[str, str]:
         env["EVALUATOR_CACHE_DIR"] = str(args.cache_dir)
     if args.work_dir:
         env["EVALUATOR_WORK_DIR"] = str(args.work_dir)
+    if args.data_path:
+        env["EVALUATOR_DATA_PATH"] = args.data_path
     return env
 
 
@@ -732,8 +734,11 @@ def measure(
         "device": args.device,
         "sizes": {k: size.get(k) for k in ("input_bytes", "output_bytes", "param_bytes", "error") if k in size},
         "settings": {
-            k: getattr(args, k)
-            for k in ("correctness_trials", "timing_trials", "warmup_trials", "seed", "atol", "rtol")
+            **{
+                k: getattr(args, k)
+                for k in ("correctness_trials", "timing_trials", "warmup_trials", "seed", "atol", "rtol")
+            },
+            "data_path": args.data_path or ("drawn" if args.device == "cuda" else "files"),
         },
         "skipped": None,
     }
@@ -953,6 +958,9 @@ def main() -> None:
     svc.add_argument("--cache-dir", type=Path, help="build cache (default: the service's, ~/.cache/kernel-agent)")
     svc.add_argument("--work-dir", type=Path, help="where workers keep inputs and outputs (default: system temp)")
     svc.add_argument("--timeout-s", type=float, default=900.0, help="EVALUATOR_DEFAULT_TIMEOUT_S")
+    svc.add_argument(
+        "--data-path", choices=("drawn", "files"), help="EVALUATOR_DATA_PATH (default: the service's, drawn on cuda)"
+    )
     args = ap.parse_args()
     if args.summarize:
         print(summarize(read_rows(args.summarize)))

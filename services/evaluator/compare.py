@@ -389,15 +389,15 @@ def compare_outputs(
         del produced
         mutated = mutated or trial_mutated
         if reason:
-            return Comparison(False, f"trial {trial}: {reason}", *_maxima(all_errors), input_mutation=mutated)
-    return Comparison(True, "", *_maxima(all_errors), input_mutation=mutated)
+            return Comparison(False, f"trial {trial}: {reason}", *error_maxima(all_errors), input_mutation=mutated)
+    return Comparison(True, "", *error_maxima(all_errors), input_mutation=mutated)
 
 
 def _timed_out(errors: list[tuple[float, float]], mutated: bool) -> Comparison:
-    return Comparison(False, TIME_LIMIT_MESSAGE, *_maxima(errors), input_mutation=mutated, timed_out=True)
+    return Comparison(False, TIME_LIMIT_MESSAGE, *error_maxima(errors), input_mutation=mutated, timed_out=True)
 
 
-def _maxima(errors: list[tuple[float, float]]) -> tuple[float | None, float | None]:
+def error_maxima(errors: list[tuple[float, float]]) -> tuple[float | None, float | None]:
     if not errors:
         return None, None
     return max(e[0] for e in errors), max(e[1] for e in errors)

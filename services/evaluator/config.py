@@ -13,6 +13,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 Isolation = Literal["process", "strict"]
+DataPath = Literal["files", "drawn"]
 
 # Flags that mean the candidate tried to game the evaluation; they turn the verdict into `rejected`.
 HACK_FLAGS = frozenset(
@@ -117,6 +118,14 @@ class Settings(BaseSettings):
         "to while they are timed, one per GPU in order (a JSON list); unset: the service's last allowed cores, one per "
         "GPU; `[]`: no pinning. Launch-bound models time less noisily pinned (docs/evaluator.md).",
     )
+    data_path: DataPath | None = Field(
+        None,
+        description="How correctness data moves. `drawn`: each worker draws a trial's inputs from its seed where it "
+        "runs (on the GPU), the reference's timer keeps the expected outputs there and checks every candidate output "
+        "against them; no input or expected output passes through the service. `files`: the reference's inputs and "
+        "outputs are files the service keeps and hands over, and outputs are compared on the host. Unset: `drawn` on "
+        "CUDA, `files` on a CPU.",
+    )
     reference_cache_size: int = Field(
         32, ge=0, description="Reference outputs kept per (reference, seed, trials, device)."
     )
@@ -133,6 +142,10 @@ class Settings(BaseSettings):
         if unknown:
             raise ValueError(f"unknown flags {sorted(unknown)}; known: {sorted(ALL_FLAGS)}")
         return value
+
+    def data_path_for(self, device: str) -> DataPath:
+        """The data path evaluations on `device` take (`data_path`, or its default for the device)."""
+        return self.data_path or ("drawn" if device == "cuda" else "files")
 
     @property
     def token_value(self) -> str | None:

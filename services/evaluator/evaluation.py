@@ -30,7 +30,14 @@ from cachetools import LRUCache
 
 from services.evaluator import build_cache, gpu_checks, held_memory, output_digest, sandbox, split_build
 from services.evaluator.backends import BACKENDS, get_backend, resolve_device
-from services.evaluator.compare import Comparison, compare_outputs, load_data, output_size_limit
+from services.evaluator.compare import (
+    TIME_LIMIT_MESSAGE,
+    Comparison,
+    compare_outputs,
+    error_maxima,
+    load_data,
+    output_size_limit,
+)
 from services.evaluator.config import HACK_FLAGS, Settings
 from services.evaluator.metrics import Metrics
 from services.evaluator.pool import QueueFullError, Worker, WorkerPool, WorkerStartError
@@ -101,7 +108,9 @@ class EvaluatorFailure(RuntimeError):  # noqa: N818 - a verdict, not a programmi
 
 @dataclass
 class ReferenceData:
-    """What the reference worker produced; the outputs never leave the service process."""
+    """What the reference worker produced; the outputs never leave the service process. On the `drawn` data path
+    no data: `inputs` and `expected` are meta tensors of the right shapes (for size limits), `input_bytes` empty,
+    and each trial's inputs are drawn again from its seed, signed where `signed` says."""
 
     init_bytes: bytes
     input_bytes: list[bytes]
@@ -109,11 +118,14 @@ class ReferenceData:
     expected: list[Any]
     device: str
     torch_version: str
+    signed: list[bool]
+    data_path: str
 
     @property
     def size(self) -> int:
-        """Bytes held in memory (inputs twice: serialised and loaded)."""
-        return len(self.init_bytes) + 2 * sum(map(len, self.input_bytes)) + _nbytes(self.expected)
+        """Bytes held in memory (inputs twice: serialised and loaded; meta tensors hold none)."""
+        held = 0 if self.data_path == "drawn" else _nbytes(self.expected)
+        return len(self.init_bytes) + 2 * sum(map(len, self.input_bytes)) + held
 
 
 class Evaluator:
@@ -269,23 +281,29 @@ class Evaluator:
 
     async def _reference(self, request: EvaluateRequest, device: str, seed: int, deadline: float) -> ReferenceData:
         trials = request.correctness_trials + RECHECK_SETS
-        key = hashlib.sha256(f"{device}\0{seed}\0{trials}\0{request.reference_source}".encode()).hexdigest()
+        data_path = self.settings.data_path_for(device)
+        key = hashlib.sha256(
+            f"{device}\0{seed}\0{trials}\0{data_path}\0{request.reference_source}".encode()
+        ).hexdigest()
         cached = self._references.get(key)
         if cached is not None:
             return cached
         reference: ReferenceData = await self.shared(
-            f"reference:{key}", lambda: self._run_reference(request, device, seed, trials, deadline)
+            f"reference:{key}", lambda: self._run_reference(request, device, seed, trials, data_path, deadline)
         )
         if 0 < reference.size <= MAX_CACHED_REFERENCE_BYTES and self.settings.reference_cache_size > 0:
             self._references[key] = reference
         return reference
 
     async def _run_reference(
-        self, request: EvaluateRequest, device: str, seed: int, trials: int, deadline: float
+        self, request: EvaluateRequest, device: str, seed: int, trials: int, data_path: str, deadline: float
     ) -> ReferenceData:
         if self.metrics is not None:
             self.metrics.reference_runs.inc()
-        job = {"role": "reference", "reference_source": request.reference_source, "seed": seed, "trials": trials}
+        job = {
+            "role": "reference", "reference_source": request.reference_source, "seed": seed, "trials": trials,
+            "data_path": data_path,
+        }  # fmt: skip
         async with self.pool.worker(device, self.pool.placement(device)) as worker:
             await worker.send(job)
             outcome = await worker.finish(deadline)
@@ -295,9 +313,9 @@ class Evaluator:
             if error is not None or worker.find("result") is None:
                 detail = error.get("message", "") if error else f"{outcome.describe_exit()}\n{outcome.stdio_tail}"
                 raise EvaluatorFailure(f"the reference failed: {detail}")
-            return await asyncio.to_thread(self._read_reference, worker, trials)
+            return await asyncio.to_thread(self._read_reference, worker, trials, data_path)
 
-    def _read_reference(self, worker: Worker, trials: int) -> ReferenceData:
+    def _read_reference(self, worker: Worker, trials: int, data_path: str) -> ReferenceData:
         result = worker.find("result") or {}
         limit = self.settings.max_file_mb << 20
 
@@ -305,15 +323,40 @@ class Evaluator:
             return read_file_beneath(worker.root, f"home/{name}", limit, worker.uid)
 
         try:
-            input_bytes = [read(f"inputs_{t}.pt") for t in range(trials)]
-            expected = [load_data(read(f"expected_{t}.pt")) for t in range(trials)]
             init_bytes = read("init.pt")
-            inputs = [load_data(data) for data in input_bytes]
+            signed = result.get("signed")
+            if not (isinstance(signed, list) and len(signed) == trials and all(type(s) is bool for s in signed)):
+                raise ValueError("no sign for every trial")
+            if data_path == "drawn":
+                input_bytes: list[bytes] = []
+                skeletons = result.get("skeletons")
+                if not (isinstance(skeletons, list) and len(skeletons) == trials):
+                    raise ValueError("no shapes for every trial")
+                inputs = [from_skeleton(shapes["inputs"]) for shapes in skeletons]
+                expected = [from_skeleton(shapes["expected"]) for shapes in skeletons]
+            else:
+                input_bytes = [read(f"inputs_{t}.pt") for t in range(trials)]
+                expected = [load_data(read(f"expected_{t}.pt")) for t in range(trials)]
+                inputs = [load_data(data) for data in input_bytes]
         except Exception as exc:
             raise EvaluatorFailure(f"the reference's outputs are unreadable: {type(exc).__name__}: {exc}") from exc
         return ReferenceData(
-            init_bytes, input_bytes, inputs, expected, str(result.get("device", "")), str(result.get("torch_version"))
-        )
+            init_bytes, input_bytes, inputs, expected, str(result.get("device", "")), str(result.get("torch_version")),
+            signed, data_path,
+        )  # fmt: skip
+
+
+def from_skeleton(value: Any) -> Any:
+    """Meta tensors of the shapes and dtypes a reference worker reported (runner.skeleton); ValueError if malformed."""
+    if isinstance(value, list):
+        return [from_skeleton(item) for item in value]
+    if value is None:
+        return None
+    dtype = getattr(torch, str(value["dtype"]), None)
+    shape = value["shape"]
+    if not isinstance(dtype, torch.dtype) or not all(type(n) is int and n >= 0 for n in shape):
+        raise ValueError(f"a malformed shape {value!r}"[:200])
+    return torch.empty(shape, dtype=dtype, device="meta")
 
 
 @dataclass
@@ -395,6 +438,13 @@ class Judge:
         # stopped and their CPU clocks then, by the worker's pid.
         self.held: dict[int, tuple[list[int], dict[int, float]]] = {}
         self.timer: Worker | None = None
+        # The timer's `ready_to_time` event (the bandwidth its process measured on the GPU).
+        self.ready: dict[str, Any] = {}
+        self.drawn = reference.data_path == "drawn"
+        # Input files the service hands to each worker: none on the `drawn` data path, where workers draw them.
+        self.handed_over = range(0) if self.drawn else range(self.trials)
+        # Where the reference's timer is kept until the candidate's worker is done (see _start_timer).
+        self.workers = contextlib.AsyncExitStack()
 
     @property
     def trials(self) -> int:
@@ -412,8 +462,8 @@ class Judge:
     async def run(self) -> CandidateRun:
         state = self.run_state
         asked_at = time.monotonic()
-        async with self.pool.worker(self.device, self.gpu) as candidate:
-            await asyncio.to_thread(_hand_over, candidate, self.reference, range(self.trials))
+        async with self.pool.worker(self.device, self.gpu) as candidate, self.workers:
+            await asyncio.to_thread(_hand_over, candidate, self.reference, self.handed_over)
             job_sent_at = time.monotonic()
             state.phases["startup"] = job_sent_at - asked_at
             await candidate.send(
@@ -446,6 +496,9 @@ class Judge:
         if event is None or event["event"] != "compiled":
             raise CandidateFailure
         state.compiled = True
+        if self.drawn:
+            await self._drawn_trials(candidate)
+            return
         async with self._device():
             run_sent_at = time.monotonic()
             await candidate.send({"op": "run"})
@@ -468,6 +521,80 @@ class Judge:
             trusted_root=candidate.root,
         )
         state.phases["compare"] = time.monotonic() - compare_started
+
+    async def _drawn_trials(self, candidate: Worker) -> None:
+        """Correctness on the `drawn` data path, trial by trial: the reference's timer draws the trial's inputs from
+        its seed and keeps its output on its device; the candidate draws the same inputs where it runs and calls its
+        model; the timer checks the output the candidate saves for the trial (_timer_check). The candidate's inputs
+        after its call must have the sketch of the timer's untouched inputs. Stops at the first wrong trial, as
+        compare_outputs does; no input or expected output passes through the service."""
+        state = self.run_state
+        errors: list[tuple[float, float]] = []
+        mutated = False
+        phases = dict.fromkeys(("expected", "correctness", "compare"), 0.0)
+        try:
+            async with self._device():
+                started = time.monotonic()
+                timer = await self._start_timer()
+                phases["expected"] += time.monotonic() - started
+                for trial in range(self.trials):
+                    seed, signed = self.seed + 1 + trial, self.reference.signed[trial]
+                    command = {"op": "trial", "trial_seed": seed, "signed": signed}
+                    started = time.monotonic()
+                    expected, _, _ = await self._command(timer, command, "trial")
+                    called = time.monotonic()
+                    phases["expected"] += called - started
+                    nonce = secrets.token_hex(8)
+                    await candidate.send({**command, "nonce": nonce, **self.pin})
+                    reply = await self._serve_builds(candidate, {"trial", "error"})
+                    checked = time.monotonic()
+                    phases["correctness"] += checked - called
+                    if reply is None or reply["event"] != "trial":
+                        raise CandidateFailure
+                    if reply.get("nonce") != nonce or not isinstance(reply.get("inputs_sketch"), str):
+                        state.flags["result_tampering"] = "a malformed reply to a correctness trial"
+                        raise CandidateFailure
+                    mutated = mutated or reply["inputs_sketch"] != expected.get("inputs_sketch")
+                    try:
+                        await self._save(candidate, 0)
+                        found = await self._timer_check(candidate, 0)
+                    except _SavedOutputRefusedError as error:
+                        found = {"reason": f"unreadable output ({error})"[:500]}
+                    phases["compare"] += time.monotonic() - checked
+                    if found.get("max_abs") is not None:
+                        errors.append((float(found["max_abs"]), float(found.get("max_rel") or 0.0)))
+                    if found.get("timed_out") or found.get("reason"):
+                        message = TIME_LIMIT_MESSAGE if found.get("timed_out") else f"trial {trial}: {found['reason']}"
+                        state.comparison = Comparison(
+                            False, message, *error_maxima(errors), input_mutation=mutated,
+                            timed_out=bool(found.get("timed_out")),
+                        )  # fmt: skip
+                        return
+        finally:
+            state.phases.update(phases)
+        state.comparison = Comparison(True, "", *error_maxima(errors), input_mutation=mutated)
+        await candidate.send({"op": "trials_done"})
+        written = await self._serve_builds(candidate, {"outputs_written", "error"})
+        if written is None or written["event"] != "outputs_written":
+            raise CandidateFailure
+        state.replaced |= _names(written.get("replaced"))
+
+    async def _start_timer(self) -> Worker:
+        """The reference's timer: a worker of the reference alone, which no candidate can reach. Started once per
+        evaluation, with the GPU held (it measures the device's bandwidth): on the `drawn` data path for the
+        correctness trials (it keeps their expected outputs) and the timing after them, on `files` for the timing.
+        It lives until the candidate's worker is done."""
+        if self.timer is not None:
+            return self.timer
+        timer = await self.workers.enter_async_context(self.pool.worker(self.device, self.gpu))
+        await asyncio.to_thread(_hand_over, timer, self.reference, self.handed_over)
+        await timer.send({"role": "timer", "reference_source": self.request.reference_source, "seed": self.seed})
+        ready = await timer.expect({"ready_to_time", "error"}, self.deadline)
+        if ready is None or ready["event"] != "ready_to_time":
+            detail = (ready or {}).get("message") or "the reference timer did not start"
+            raise EvaluatorFailure(f"the reference could not be timed: {detail}")
+        self.timer, self.ready = timer, ready
+        return timer
 
     def _should_time(self) -> bool:
         state = self.run_state
@@ -580,14 +707,9 @@ class Judge:
     async def _time_against_reference(self, candidate: Worker) -> None:
         timing_started = time.monotonic()
         self.run_state.timing_started = True
-        async with self._device(), self.pool.worker(self.device, self.gpu) as timer:
-            await asyncio.to_thread(_hand_over, timer, self.reference, range(self.trials))
-            await timer.send({"role": "timer", "reference_source": self.request.reference_source, "seed": self.seed})
-            ready = await timer.expect({"ready_to_time", "error"}, self.deadline)
-            self.pair, self.timer = [candidate, timer], timer
-            if ready is None or ready["event"] != "ready_to_time":
-                detail = (ready or {}).get("message") or "the reference timer did not start"
-                raise EvaluatorFailure(f"the reference could not be timed: {detail}")
+        async with self._device():
+            timer = await self._start_timer()
+            self.pair = [candidate, timer]
             kernels = None
             if self.request.require_custom_kernel:
                 kernels = await self._profile(candidate)
@@ -603,7 +725,7 @@ class Judge:
                 blocks = await self._timed_blocks(candidate, timer, calls)
                 round_s = time.monotonic() - round_started
                 share = room_share(blocks)
-                timing = judge_timing(blocks, self.reference, ready, self.request, kernels, share)
+                timing = judge_timing(blocks, self.reference, self.ready, self.request, kernels, share)
                 # The draws of both sides by the judge's clock (reference / candidate, ms, medians): an honest
                 # candidate's round flagged as slower there (seen once, under load, in process isolation) says why.
                 drawn = "/".join(
@@ -746,23 +868,23 @@ class Judge:
         worker: Worker,
         seeds: list[int],
         digest_seed: int | None = None,
-        handed_over: int | None = None,
+        one_set: dict[str, Any] | None = None,
         check_call: int | None = None,
     ) -> Block:
         """One block, each step timed by the judge with the other worker stopped (from the first step to the last, so
-        one scan stops it): draw the inputs from `seeds` (or take the handed-over set), a timed call on each, then
+        one scan stops it): draw the inputs from `seeds` (or take the one set `one_set` names, the re-check's), a timed call on each, then
         the digest of the outputs under `digest_seed`. On a CPU the output of `check_call` is read from the worker's
         memory while its job is stopped after the block (held_memory), before anything of it runs again."""
         async with self._paused(worker):
             drawn_s = drawn_wall_s = 0.0
-            if handed_over is None:
+            if one_set is None:
                 command: dict[str, Any] = {"op": "draw", "seeds": seeds}
                 _, drawn_s, drawn_wall_s = await self._command(worker, command, "drawn", clocked=True, hold=True)
-            command = {"op": "block", "set": handed_over}
+            command = {"op": "block", **(one_set or {})}
             hold = digest_seed is not None or check_call is not None
             reply, clocked_s, wall_s = await self._command(worker, command, "block", clocked=True, hold=hold)
             ms = reply.get("ms")
-            calls = len(seeds) + (handed_over is not None)
+            calls = len(seeds) + (one_set is not None)
             if not (
                 isinstance(ms, list)
                 and len(ms) == calls
@@ -909,22 +1031,12 @@ class Judge:
 
     async def _check(self, candidate: Worker, call: int, committed: str | None, held_hash: str | None) -> bool:
         """Ask for one call's output of the last block and have the reference's timer compare it with its own output
-        of the same call (runner.check_saved_output: on its device, where that output is). `committed`: the sketch
-        of this call's output in the block's reply (GPU), and `held_hash` the judge's hash of the bytes it read from
-        the worker's memory after the block (CPU); an output saved with another was not the one the timed call
-        produced (filled in or computed again after the block)."""
-        assert self.timer is not None
+        of the same call (_timer_check). `committed`: the sketch of this call's output in the block's reply (GPU),
+        and `held_hash` the judge's hash of the bytes it read from the worker's memory after the block (CPU); an
+        output saved with another was not the one the timed call produced (filled in or computed again after the
+        block)."""
         await self._release(candidate)
-        self.checks += 1
-        nonce = secrets.token_hex(8)
-        await candidate.send({"op": "save", "call": call, "check": self.checks, "nonce": nonce})
-        reply = await candidate.expect({"saved", "error"}, self.deadline)
-        if reply is None or reply["event"] == "error":
-            raise CandidateFailure
-        if reply.get("nonce") != nonce:
-            self.run_state.flags["result_tampering"] = "a save reply the judge did not ask for"
-            raise CandidateFailure
-        self.run_state.replaced |= _names(reply.get("replaced"))
+        await self._save(candidate, call)
         if committed is None and held_hash is None:
             # On a CPU the judge read nothing of this call's output from memory (_read_held: its process seemed
             # gone), yet the job answers: a save nothing holds to the timed call is not compared (a worker whose
@@ -934,27 +1046,14 @@ class Judge:
                 "the job answered the check"
             )
             raise CandidateFailure
-        # The saved file goes to the timer as a copy in a directory only the service writes: the job owns its
-        # `checks` directory and could change its file while the timer reads it.
         try:
-            await asyncio.to_thread(_hand_over_check, candidate, self.timer, self.checks, self.check_file_limit)
-        except (OSError, ValueError) as error:  # no single regular file of the job's, or larger than an output
-            if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-                log.warning("check %d: the saved output could not be copied: %s", self.checks, error)
+            found = await self._timer_check(candidate, call)
+        except _SavedOutputRefusedError as error:
+            if error.disk_full:
                 self.run_state.flags["stale_output"] = (
                     f"the output of timed call {call} could not be checked: {DISK_FULL}"
                 )
-            else:
-                log.info("check %d: the saved output was refused: %s", self.checks, error)
             return False
-        command = {
-            "op": "check", "call": call, "check": self.checks, "atol": self.request.atol, "rtol": self.request.rtol,
-            "seconds": max(0.0, self.deadline - time.monotonic()),
-        }  # fmt: skip
-        try:
-            found, _, _ = await self._command(self.timer, command, "checked")
-        finally:
-            await asyncio.to_thread(_remove_check, self.timer, self.checks)
         if found.get("commitment") != (committed if committed is not None else held_hash):
             self.run_state.flags["result_tampering"] = (
                 f"the output saved for the check of call {call} is not the one its timed call produced (not the "
@@ -966,26 +1065,71 @@ class Judge:
             raise CandidateFailure
         return not found.get("reason")
 
+    async def _save(self, candidate: Worker, call: int) -> None:
+        """Have the candidate save the output of `call` of its last block (or of its last correctness trial) as the
+        next check, `checks/<self.checks>/0.pt`."""
+        self.checks += 1
+        nonce = secrets.token_hex(8)
+        await candidate.send({"op": "save", "call": call, "check": self.checks, "nonce": nonce})
+        reply = await candidate.expect({"saved", "error"}, self.deadline)
+        if reply is None or reply["event"] == "error":
+            raise CandidateFailure
+        if reply.get("nonce") != nonce:
+            self.run_state.flags["result_tampering"] = "a save reply the judge did not ask for"
+            raise CandidateFailure
+        self.run_state.replaced |= _names(reply.get("replaced"))
+
+    async def _timer_check(self, candidate: Worker, call: int) -> dict[str, Any]:
+        """The reference's timer's check (runner.check_saved_output: on its device, where its own output is) of the
+        output the candidate saved last (_save) against the timer's output of `call`: the reason it is wrong, the
+        largest errors, whether the check ran out of time, and the commitment of the bytes compared.
+        _SavedOutputRefusedError where the saved file is not a single regular file of the job's within the size of
+        an output, or could not be copied."""
+        assert self.timer is not None
+        # The saved file goes to the timer as a copy in a directory only the service writes: the job owns its
+        # `checks` directory and could change its file while the timer reads it.
+        try:
+            await asyncio.to_thread(_hand_over_check, candidate, self.timer, self.checks, self.check_file_limit)
+        except (OSError, ValueError) as error:
+            disk_full = isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+            log.log(logging.WARNING if disk_full else logging.INFO, "check %d: refused: %s", self.checks, error)
+            raise _SavedOutputRefusedError(DISK_FULL if disk_full else str(error), disk_full) from error
+        command = {
+            "op": "check", "call": call, "check": self.checks, "atol": self.request.atol, "rtol": self.request.rtol,
+            "seconds": max(0.0, self.deadline - time.monotonic()),
+        }  # fmt: skip
+        try:
+            found, _, _ = await self._command(self.timer, command, "checked")
+        finally:
+            await asyncio.to_thread(_remove_check, self.timer, self.checks)
+        return found
+
     async def _recheck(self, candidate: Worker) -> None:
         """After timing: the set the candidate never saw, in the very buffers it was timed on."""
         if "stale_output" in self.run_state.flags:
             return
         assert self.timer is not None
         recheck = self.trials  # the reference's extra set
-        for worker in (self.timer, candidate):
-            failure = await asyncio.to_thread(_hand_over_one, worker, self.reference, recheck)
-            if failure == DISK_FULL:
-                log.warning("the re-check's inputs could not be written: %s", failure)
-                self.run_state.flags["stale_output"] = f"the re-check could not be run: {failure}"
-                return
-            if failure and worker is self.timer:
-                raise EvaluatorFailure(f"the reference timer's inputs could not be handed over: {failure}")
-            if failure:
-                self.run_state.flags["result_tampering"] = "the job replaced the inputs directory the service gave it"
-                raise CandidateFailure
+        if self.drawn:
+            one_set: dict[str, Any] = {"trial_seed": self.seed + 1 + recheck, "signed": self.reference.signed[recheck]}
+        else:
+            one_set = {"set": recheck}
+            for worker in (self.timer, candidate):
+                failure = await asyncio.to_thread(_hand_over_one, worker, self.reference, recheck)
+                if failure == DISK_FULL:
+                    log.warning("the re-check's inputs could not be written: %s", failure)
+                    self.run_state.flags["stale_output"] = f"the re-check could not be run: {failure}"
+                    return
+                if failure and worker is self.timer:
+                    raise EvaluatorFailure(f"the reference timer's inputs could not be handed over: {failure}")
+                if failure:
+                    self.run_state.flags["result_tampering"] = (
+                        "the job replaced the inputs directory the service gave it"
+                    )
+                    raise CandidateFailure
         # The timer's output on the set is what the candidate's is checked against (_check).
-        await self._block(self.timer, [], handed_over=recheck)
-        block = await self._block(candidate, [], handed_over=recheck, check_call=0)
+        await self._block(self.timer, [], one_set=one_set)
+        block = await self._block(candidate, [], one_set=one_set, check_call=0)
         sketch = block.sketches[0] if block.sketches is not None else None
         if not await self._check(candidate, 0, sketch, block.held_hash):
             self.run_state.flags.setdefault("stale_output", "wrong answer on new inputs in the buffers that were timed")
@@ -994,7 +1138,8 @@ class Judge:
         if self.device != "cuda":
             return None
         nonce = secrets.token_hex(8)
-        await worker.send({"op": "profile", "set": "0", "nonce": nonce})
+        one_set = {"trial_seed": self.seed + 1, "signed": self.reference.signed[0]} if self.drawn else {"set": "0"}
+        await worker.send({"op": "profile", **one_set, "nonce": nonce})
         reply = await worker.expect({"profiled", "error"}, self.deadline)
         if reply is None or reply["event"] == "error" or reply.get("nonce") != nonce:
             if worker is self.timer:
@@ -1214,6 +1359,14 @@ def _hand_over(worker: Worker, reference: ReferenceData, trials: range) -> None:
     for trial in trials:
         write_readonly_file(inputs_dir / f"inputs_{trial}.pt", reference.input_bytes[trial])
     inputs_dir.chmod(0o555)
+
+
+class _SavedOutputRefusedError(Exception):
+    """An output a candidate saved for a check that the service would not copy to the reference's timer."""
+
+    def __init__(self, why: str, disk_full: bool) -> None:
+        super().__init__(why)
+        self.disk_full = disk_full
 
 
 class _ForeignInputsError(OSError):

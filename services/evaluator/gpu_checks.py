@@ -144,14 +144,3 @@ def finite(value: Any) -> bool:
         for t in _as_list(value)
         if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
     )
-
-
-def signed_if_finite(
-    model: Callable[..., Any], get_inputs: Callable[[], Sequence[Any]], seed: int, device: Any
-) -> list[Any]:
-    """A signed draw where the reference stays finite on it (log, sqrt need their domain), else the plain one."""
-    signed = device_inputs(get_inputs, seed, device, signed=True)
-    with torch.no_grad():
-        if finite(model(*[t.clone() if isinstance(t, torch.Tensor) else t for t in signed])):
-            return signed
-    return device_inputs(get_inputs, seed, device, signed=False)

@@ -163,33 +163,66 @@ def clone_inputs(values: list[Any]) -> list[Any]:
 
 
 def run_reference(context: WorkerContext, job: dict[str, Any]) -> None:
-    """Draw inputs per trial and save them with the reference's outputs; the service keeps the outputs."""
-    backend, seed = context.backend, job["seed"]
+    """Draw inputs per trial and run the reference on them. `files` data path: save the inputs and outputs, which
+    the service keeps; `drawn`: save nothing but the init inputs, and report each trial's shapes (the judge's size
+    limits) and whether its inputs were signed, so that every worker can draw them again where it runs."""
+    backend, seed, drawn = context.backend, job["seed"], job.get("data_path") == "drawn"
     module = load_source("kernel_reference", job["reference_source"], context.home / "reference.py")
     seed_everything(seed)
     init_inputs = list(module.get_init_inputs())
     seed_everything(seed)
     model = module.Model(*init_inputs).to(backend.device_string())
     _save(to_plain(init_inputs), context.home / "init.pt")
+    signs, skeletons = [], []
     with torch.no_grad():
         for trial in range(job["trials"]):
-            seed_everything(seed + 1 + trial)
-            inputs = _draw_inputs(backend, module, model, seed + 1 + trial, signed=trial % 2 == 1)
-            _save(to_plain(inputs), context.home / f"inputs_{trial}.pt")
+            inputs, signed = _reference_trial(backend, module, model, seed + 1 + trial, trial)
+            signs.append(signed)
+            if not drawn:
+                _save(to_plain(inputs), context.home / f"inputs_{trial}.pt")
             seed_everything(seed + 1 + trial)  # the candidate's call starts from the same random state (dropout)
-            outputs = model(*backend.prepare_inputs(clone_inputs(inputs)))
+            args = backend.prepare_inputs(inputs)
+            skeleton_inputs = skeleton(args)  # before the call: a reference may change its inputs in place
+            outputs = model(*args)
             backend.synchronize()
-            _save(to_plain(outputs), context.home / f"expected_{trial}.pt")
-    context.emit("result", device=backend.describe(), torch_version=torch.__version__)
+            if drawn:
+                skeletons.append({"inputs": skeleton_inputs, "expected": skeleton(outputs)})
+            else:
+                _save(to_plain(outputs), context.home / f"expected_{trial}.pt")
+            del inputs, args, outputs
+    fields = {"skeletons": skeletons} if drawn else {}
+    context.emit("result", device=backend.describe(), torch_version=torch.__version__, signed=signs, **fields)
 
 
-def _draw_inputs(backend: KernelBackend, module: ModuleType, model: Any, seed: int, signed: bool) -> list[Any]:
-    """CPU: `get_inputs()` as written. CUDA: drawn on the device, and every other trial signed (see gpu_checks)."""
+def trial_inputs(backend: KernelBackend, get_inputs: Callable[[], Any], seed: int, signed: bool) -> list[Any]:
+    """A correctness trial's inputs, drawn from its seed the same way in every worker: on a CPU `get_inputs()` as
+    written, on CUDA drawn on the device and, where `signed`, mapped onto negative values too (gpu_checks)."""
+    seed_everything(seed)
     if backend.name != "cuda":
-        return list(module.get_inputs())
-    if signed:
-        return gpu_checks.signed_if_finite(model, module.get_inputs, seed, backend.device_string())
-    return gpu_checks.device_inputs(module.get_inputs, seed, backend.device_string(), signed=False)
+        return list(get_inputs())
+    return gpu_checks.device_inputs(get_inputs, seed, backend.device_string(), signed=signed)
+
+
+def _reference_trial(
+    backend: KernelBackend, module: ModuleType, model: Any, seed: int, trial: int
+) -> tuple[list[Any], bool]:
+    """A trial's inputs and whether they are signed: on CUDA every other trial is, unless the reference's output on
+    the signed draw is not finite (log, sqrt need their domain)."""
+    signed = backend.name == "cuda" and trial % 2 == 1
+    inputs = trial_inputs(backend, module.get_inputs, seed, signed)
+    if signed and not gpu_checks.finite(model(*clone_inputs(inputs))):
+        signed = False
+        inputs = trial_inputs(backend, module.get_inputs, seed, signed)
+    return inputs, signed
+
+
+def skeleton(value: Any) -> Any:
+    """The shape and dtype of every tensor of a (trusted) structure, as JSON; None for any other leaf."""
+    if isinstance(value, torch.Tensor):
+        return {"shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
+    if isinstance(value, list | tuple):
+        return [skeleton(item) for item in value]
+    return None
 
 
 def _load_inputs(path: Path) -> list[Any]:
@@ -214,9 +247,24 @@ def run_candidate(context: WorkerContext, job: dict[str, Any]) -> None:
         context.emit("error", stage="compile", message=traceback.format_exc(chain=False))
         return
     context.emit("compiled")
-    if context.command().get("op") != "run":
+    command = context.command()
+    if command.get("op") == "trial":
+        written = _run_trials(context, model, inputs_module.get_inputs, command, guard)
+    elif command.get("op") == "run":
+        written = _run_handed_over(context, model, job)
+    else:
         return
-    out_dir = context.home / "out"
+    if not written:
+        return
+    loader.closed = True
+    context.emit("outputs_written", replaced=_replaced(guard))
+    serve_timing(context, model, InputSets(context, inputs_module.get_inputs), guard)
+
+
+def _run_handed_over(context: WorkerContext, model: Any, job: dict[str, Any]) -> bool:
+    """The `files` data path: the outputs (and inputs after the call) of every trial on the inputs the service
+    handed over, in `out/<trial>.pt`. False if the model raised (the error is reported)."""
+    inputs_dir, out_dir = context.home / "inputs", context.home / "out"
     out_dir.mkdir()
     try:
         with torch.no_grad():
@@ -230,10 +278,64 @@ def run_candidate(context: WorkerContext, job: dict[str, Any]) -> None:
                 _save({"outputs": to_plain(outputs), "inputs_after": to_plain(args)}, out_dir / f"{trial}.pt")
     except BaseException:
         context.emit("error", stage="run", message=traceback.format_exc())
-        return
-    loader.closed = True
-    context.emit("outputs_written", replaced=_replaced(guard))
-    serve_timing(context, model, InputSets(context, inputs_module.get_inputs), guard)
+        return False
+    return True
+
+
+def _run_trials(
+    context: WorkerContext, model: Any, get_inputs: Callable[[], Any], command: dict[str, Any], guard: Guard
+) -> bool:
+    """The `drawn` data path's correctness trials, one per `trial` command: the trial's inputs drawn from its seed
+    as the reference drew them, one call, and a reply with the sketch of the inputs after it (the judge holds it to
+    the reference's untouched inputs); `save` writes the trial's output for the judge to check in the reference's
+    timer. True at `trials_done`; False once the job is over (an error, or `exit` after a wrong trial)."""
+    outputs: Any = None
+    while True:
+        op = command.get("op")
+        try:
+            if op == "trial":
+                outputs = None  # the last trial's output is freed before the next inputs are drawn
+                args, outputs = _call_trial(context, model, get_inputs, command)
+                context.emit("trial", nonce=command.get("nonce"), inputs_sketch=_inputs_sketch(args))
+                del args
+            elif op == "save" and outputs is not None:
+                _save_for_check(context, to_plain(outputs), command)
+                context.emit("saved", nonce=command.get("nonce"), replaced=_replaced(guard))
+            elif op == "trials_done":
+                return True
+            else:
+                context.emit("done", replaced=_replaced(guard))
+                return False
+        except BaseException:
+            context.emit("error", stage="run", message=traceback.format_exc())
+            return False
+        command = context.command()
+
+
+def _call_trial(
+    context: WorkerContext, model: Any, get_inputs: Callable[[], Any], command: dict[str, Any]
+) -> tuple[list[Any], Any]:
+    """One call of `model` on the inputs of the correctness trial the judge names (its seed, whether signed), from
+    the random state the reference's call started from; the inputs and the output."""
+    backend, seed = context.backend, int(command["trial_seed"])
+    args = backend.prepare_inputs(trial_inputs(backend, get_inputs, seed, command.get("signed") is True))
+    seed_everything(seed)
+    with _no_grad():
+        outputs = model(*args)
+    backend.synchronize()
+    return args, outputs
+
+
+def _inputs_sketch(args: list[Any]) -> str:
+    """The sketch (output_digest) of a call's input tensors: equal sketches, equal bytes."""
+    return output_digest.output_sketch([value for value in args if isinstance(value, torch.Tensor)])
+
+
+def _save_for_check(context: WorkerContext, produced: Any, command: dict[str, Any]) -> None:
+    """Write an output the judge will have the reference's timer check, in `checks/<check>/0.pt`."""
+    check_dir = context.home / "checks" / str(int(command["check"]))
+    check_dir.mkdir(parents=True)
+    _save({"outputs": produced, "inputs_after": []}, check_dir / "0.pt")
 
 
 def run_timer(context: WorkerContext, job: dict[str, Any]) -> None:
@@ -282,9 +384,15 @@ class InputSets:
                 return backend.prepare_inputs(list(self.get_inputs()))
         return backend.prepare_inputs(list(self.get_inputs()))
 
-    def handed_over(self, name: str) -> list[Any]:
-        path = self.context.home / "inputs" / f"inputs_{name}.pt"
-        return self.context.backend.prepare_inputs(_load_inputs(path))
+    def one_set(self, command: dict[str, Any]) -> list[Any]:
+        """The set a command names outside the timed blocks (the re-check's, the profile's): a file the service
+        handed over (`set`, the `files` data path) or a correctness trial's inputs drawn from its seed (`drawn`)."""
+        backend = self.context.backend
+        if command.get("set") is not None:
+            return backend.prepare_inputs(_load_inputs(self.context.home / "inputs" / f"inputs_{command['set']}.pt"))
+        return backend.prepare_inputs(
+            trial_inputs(backend, self.get_inputs, int(command["trial_seed"]), command.get("signed") is True)
+        )
 
     def refill(self, values: list[Any]) -> list[Any]:
         self.context.pin_threads()
@@ -346,14 +454,14 @@ def serve_timing(
             times = []
             try:
                 with _no_grad():
-                    if command.get("set") is not None:
+                    if command.get("set") is not None or command.get("trial_seed") is not None:
                         # The re-check: the freed blocks of the outputs' sizes are poisoned on a GPU (an output never
                         # written then reads as NaN).
+                        values = inputs.one_set(command)
                         if backend.name == "cuda" and outputs_like is not None:
                             gpu_checks.poison_freed_blocks(outputs_like, backend.device_string())
-                        milliseconds, out = backend.time_call(
-                            model, inputs.refill(inputs.handed_over(str(command["set"])))
-                        )
+                        milliseconds, out = backend.time_call(model, inputs.refill(values))
+                        del values
                         times.append(milliseconds)
                         outputs.append(out)
                     else:
@@ -377,10 +485,7 @@ def serve_timing(
         elif op == "save":
             try:
                 replaced = _replaced(guard)
-                produced = to_plain(outputs[int(command["call"])], exact=True)
-                check_dir = context.home / "checks" / str(int(command["check"]))
-                check_dir.mkdir(parents=True)
-                _save({"outputs": produced, "inputs_after": []}, check_dir / "0.pt")
+                _save_for_check(context, to_plain(outputs[int(command["call"])], exact=True), command)
             except BaseException:
                 context.emit("error", stage="timing", message=traceback.format_exc())
                 return
@@ -393,8 +498,22 @@ def serve_timing(
                 context.emit("error", stage="check", message=traceback.format_exc())
                 return
             context.emit("checked", nonce=command["nonce"], **found)
+        elif op == "trial" and checks_candidate:
+            try:
+                outputs = []
+                args = inputs.one_set(command)
+                sketch = _inputs_sketch(args)  # untouched: what the candidate's inputs must still be after its call
+                seed_everything(int(command["trial_seed"]))
+                with _no_grad():
+                    outputs = [model(*args)]
+                backend.synchronize()
+                del args
+            except BaseException:
+                context.emit("error", stage="trial", message=traceback.format_exc())
+                return
+            context.emit("trial", nonce=command["nonce"], inputs_sketch=sketch)
         elif op == "profile":
-            launched = gpu_checks.launched_kernel_names(model, inputs.refill(inputs.handed_over(str(command["set"]))))
+            launched = gpu_checks.launched_kernel_names(model, inputs.refill(inputs.one_set(command)))
             context.emit("profiled", nonce=command["nonce"], kernels=launched)
         else:
             context.emit("done", replaced=_replaced(guard))

@@ -60,6 +60,16 @@ def evaluator_url(build_cache_dir: Path, tmp_path_factory: pytest.TempPathFactor
 
 
 @pytest.fixture(scope="session")
+def drawn_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    """A server on the `drawn` data path (the CUDA default: workers draw every trial's inputs from its seed), with
+    a build cache of its own, in the isolation the default server gets."""
+    env = server_env(tmp_path_factory.mktemp("evaluator-drawn-cache"), EVALUATOR_DATA_PATH="drawn")
+    log = tmp_path_factory.mktemp("evaluator-drawn-log") / "server.log"
+    with run_service("evaluator", env=env, log_path=log) as url, httpx.Client(base_url=url, timeout=600) as http:
+        yield http
+
+
+@pytest.fixture(scope="session")
 def client(evaluator_url: str) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=evaluator_url, timeout=600) as http:
         yield http

@@ -69,6 +69,12 @@ class ModelNew(torch.nn.Module):
 
 
 CORRECT = candidate("return x.clamp_min(0) * self.scale")
+# KernelBench's level2/66 draws a dropout mask in every call.
+DROPOUT_REFERENCE = REFERENCE.replace(
+    "return torch.relu(x) * self.scale",
+    "return torch.nn.functional.dropout(torch.relu(x), 0.5, training=True) * self.scale",
+)
+
 
 CPP_SOURCE = r"""
 torch::Tensor scaled_relu(torch::Tensor x, double scale) {
@@ -319,10 +325,10 @@ def _archive(pickle_bytes):
 """
 # {key: None}, the key a tuple nested 300,000 deep: unpickling hashes it by recursion in C, and whichever process
 # parsed it died with SIGSEGV.
-_DEEP_KEY = 'b"\\x80\\x02})" + b"\\x85" * 300_000 + b"Ns."'
+DEEP_KEY = 'b"\\x80\\x02})" + b"\\x85" * 300_000 + b"Ns."'
 # {"outputs": _codecs.encode(bytearray(2**27), "hex"), "inputs_after": []}: torch's weights-only unpickler allows
 # both calls; 71 bytes made 384 MiB in the service (three rounds of "hex" made 14 GB: the service was OOM-killed).
-_HEX_BOMB = (
+HEX_BOMB = (
     'b"\\x80\\x02}(X\\x07\\x00\\x00\\x00outputsc_codecs\\nencode\\ncbuiltins\\nbytearray\\nJ\\x00\\x00\\x00\\x08\\x85R'
     'X\\x03\\x00\\x00\\x00hex\\x86RX\\x0c\\x00\\x00\\x00inputs_after]u."'
 )
@@ -342,17 +348,22 @@ return x.clamp_min(0) * self.scale""",
 
 # {t: None} with t = (t', t'), t' = (t'', t''), ... 28 levels through the memo: 150 bytes, and 2^28 tuples for the
 # key's hash to walk, in C holding the GIL (the service stopped answering /health for minutes at 30 levels).
-_SHARED_KEY = 'b"\\x80\\x02})" + b"".join(b"q" + bytes([i]) + b"h" + bytes([i]) + b"\\x86" for i in range(28)) + b"Ns."'
-DEEP_KEY_OUTPUT = _rewriting_trial_0(_DEEP_KEY)
-HEX_BOMB_OUTPUT = _rewriting_trial_0(_HEX_BOMB)
-SHARED_KEY_OUTPUT = _rewriting_trial_0(_SHARED_KEY)
-# Overwrites the output saved for each timed call's check with the deep-key archive just before `saved` goes out:
-# the reference's timer parsed it and died.
-DEEP_KEY_CHECK = candidate(
-    "if not _rewritten:\n    _rewrite()\nreturn x.clamp_min(0) * self.scale",
-    prelude=f"{_HAND_MADE_ARCHIVE}\nPICKLE = {_DEEP_KEY}\n"
-    + _WRAP_EMIT
-    + """
+SHARED_KEY = 'b"\\x80\\x02})" + b"".join(b"q" + bytes([i]) + b"h" + bytes([i]) + b"\\x86" for i in range(28)) + b"Ns."'
+DEEP_KEY_OUTPUT = _rewriting_trial_0(DEEP_KEY)
+HEX_BOMB_OUTPUT = _rewriting_trial_0(HEX_BOMB)
+SHARED_KEY_OUTPUT = _rewriting_trial_0(SHARED_KEY)
+
+
+def rewriting_checks(pickle_expression: str, from_stage: str = "serve_timing") -> str:
+    """Overwrites every output saved for a check with an archive of the given pickle just before `saved` goes out
+    (the reference's timer parses it), from the first call under `from_stage` on: `serve_timing` (timed calls'
+    checks) or, on the `drawn` data path, `_run_trials` (the correctness trials' checks too; the guard then reports
+    the wrapped `emit` with the first save)."""
+    return candidate(
+        "if not _rewritten:\n    _rewrite()\nreturn x.clamp_min(0) * self.scale",
+        prelude=f"{_HAND_MADE_ARCHIVE}\nPICKLE = {pickle_expression}\n"
+        + _WRAP_EMIT.replace('"serve_timing"', repr(from_stage))
+        + """
 import glob
 
 def wrapped_emit(real):
@@ -364,7 +375,11 @@ def wrapped_emit(real):
         return real(event, **fields)
     return emit
 """,
-)
+    )
+
+
+# The deep-key archive as a timed call's check: the reference's timer parsed it and died.
+DEEP_KEY_CHECK = rewriting_checks(DEEP_KEY)
 
 
 # A problem heavy enough that 1/16 of its work is resolved by the judge's clock: ten rounds of sin, then a ReLU
@@ -466,7 +481,8 @@ class ModelNew(torch.nn.Module):
 
     def forward(self, x):
         frame = _timing_frame()
-        if frame is None or frame.f_locals.get("command", {}).get("set") is not None or "values" not in frame.f_locals:
+        command = frame.f_locals.get("command", {}) if frame is not None else {}
+        if frame is None or "set" in command or "trial_seed" in command or "values" not in frame.f_locals:
             return _right(x, self.scale)
         _f(x[:32])
         if "zeros" not in _ZERO:

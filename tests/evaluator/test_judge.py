@@ -163,7 +163,7 @@ import services.evaluator.runner as _blind
 _blind._replaced = lambda guard: []  # the guard silenced
 
 def _serve(context, model, inputs, guard):
-    seeds, outputs, handed_over = [], [], None
+    seeds, outputs, one_set = [], [], None
     while True:
         command = context.command()
         op = command.get("op")
@@ -171,8 +171,9 @@ def _serve(context, model, inputs, guard):
             seeds = [int(s) for s in command["seeds"]]
             context.emit("drawn", nonce=command["nonce"])
         elif op == "block":
-            handed_over = command.get("set")
-            calls = 1 if handed_over is not None else len(seeds)
+            # The re-check's one set: a file handed over (`set`) or a trial drawn from its seed (`trial_seed`).
+            one_set = command if "set" in command or "trial_seed" in command else None
+            calls = 1 if one_set is not None else len(seeds)
             with torch.no_grad():
                 outputs = __BLOCK__
                 sketches = _runner.output_digest.block_sketches(__SKETCHED__)
@@ -183,7 +184,7 @@ def _serve(context, model, inputs, guard):
             context.emit("digested", nonce=command["nonce"], digest=digest)
         elif op == "save":
             call = int(command["call"])
-            values = inputs.handed_over(str(handed_over)) if handed_over is not None else inputs.draw(seeds[call])
+            values = inputs.one_set(one_set) if one_set is not None else inputs.draw(seeds[call])
             with torch.no_grad():
                 out = model(*inputs.refill(values))
             directory = context.home / "checks" / str(int(command["check"]))
@@ -726,20 +727,14 @@ def test_an_undumpable_job_cannot_hide_its_output_from_the_judge(process_client:
     assert_still_correct(process_client)
 
 
-DROPOUT_REFERENCE = sources.REFERENCE.replace(
-    "return torch.relu(x) * self.scale",
-    "return torch.nn.functional.dropout(torch.relu(x), 0.5, training=True) * self.scale",
-)
-
-
 def test_a_reference_that_draws_random_numbers_in_its_call_is_matched_by_one_that_draws_the_same(
     client: httpx.Client,
 ) -> None:
     """KernelBench's level2/66 (dropout): every call of the reference and of the candidate starts from the same
     random state (the reference's inputs were drawn before its call, the candidate's loaded from a file), so a
     candidate that draws the same mask is correct, and one that draws none is not."""
-    same = DROPOUT_REFERENCE.replace("class Model(", "class ModelNew(").split("def get_inputs")[0]
-    result = evaluate(client, same, DROPOUT_REFERENCE)
+    same = sources.DROPOUT_REFERENCE.replace("class Model(", "class ModelNew(").split("def get_inputs")[0]
+    result = evaluate(client, same, sources.DROPOUT_REFERENCE)
     assert result["status"] == "correct", result["message"]
-    result = evaluate(client, sources.CORRECT, DROPOUT_REFERENCE)
+    result = evaluate(client, sources.CORRECT, sources.DROPOUT_REFERENCE)
     assert result["status"] == "incorrect", result["message"]

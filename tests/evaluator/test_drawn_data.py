@@ -1,0 +1,99 @@
+"""The `drawn` data path (the CUDA default) on a real server, here on the CPU: every worker draws a trial's inputs
+from its seed, the reference's timer keeps the expected outputs and checks each output the candidate saves. No
+input or expected output passes through the service, and hostile candidates get the verdicts they get on the
+`files` path, or stricter ones."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.evaluator import sources
+from tests.evaluator.conftest import evaluate
+
+# (candidate, expected status, text the message must contain, flags that must be set)
+CASES = {
+    "wrong_output": (sources.WRONG_OUTPUT, "incorrect", "trial 0: ", []),
+    "wrong_shape": (sources.WRONG_SHAPE, "incorrect", "shape (64, 32)", []),
+    "nan_output": (sources.NAN_OUTPUT, "incorrect", "NaN", []),
+    "segfault": (sources.SEGFAULT, "crashed", "SIGSEGV", []),
+    "huge_allocation": (sources.HUGE_ALLOCATION, "runtime_error", "alloc", []),
+    "escapes_raised": (sources.ESCAPES_RAISED, "runtime_error", "\\x1b[2Jscreen cleared", []),
+    # The inputs after the call against the sketch of the timer's untouched draw.
+    "input_mutation": (sources.INPUT_MUTATION, "rejected", "input_mutation", ["input_mutation"]),
+    "stale_then_forged_error": (sources.STALE_THEN_FORGED_ERROR, "rejected", "stale_output", ["stale_output"]),
+    # Hostile archives saved for a correctness trial's check (by a wrapped `emit`, which the guard reports): the
+    # timer refuses them, and the trial is wrong.
+    "deep_key_check": (
+        sources.rewriting_checks(sources.DEEP_KEY, "_run_trials"),
+        "rejected",
+        "nested deeper",
+        ["monkeypatch"],
+    ),
+    "hex_bomb_check": (
+        sources.rewriting_checks(sources.HEX_BOMB, "_run_trials"),
+        "rejected",
+        "global '_codecs encode'",
+        ["monkeypatch"],
+    ),
+    "shared_key_check": (
+        sources.rewriting_checks(sources.SHARED_KEY, "_run_trials"),
+        "rejected",
+        "reaches more than",
+        ["monkeypatch"],
+    ),
+    # The directory a trial's output is saved in swapped for a link: the service opens no link.
+    "symlinked_checks": (
+        sources.candidate(
+            """
+import os
+if os.path.isdir("checks") and not os.path.islink("checks"):
+    os.rename("checks", "elsewhere")
+    os.symlink("elsewhere", "checks")
+return x.clamp_min(0) * self.scale
+"""
+        ),
+        "incorrect",
+        "trial 1: unreadable output",
+        [],
+    ),
+}
+
+
+def test_an_honest_candidate_is_correct_and_timed(drawn_client: httpx.Client) -> None:
+    result = evaluate(drawn_client, sources.CORRECT)
+    assert result["status"] == "correct", result["message"]
+    assert result["speedup"] is not None and result["speedup"] > 0
+    # The trials' phases of this path: the timer's expected outputs, the candidate's calls, the checks.
+    assert {"expected", "correctness", "compare", "timing"} <= set(result["phases_s"]), result["phases_s"]
+    assert result["max_abs_error"] is not None
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_hostile_candidate_gets_its_verdict(drawn_client: httpx.Client, name: str) -> None:
+    candidate, status, text, flags = CASES[name]
+    result = evaluate(drawn_client, candidate)
+    assert result["status"] == status, result
+    assert text in result["message"], result["message"]
+    assert set(flags) <= set(result["flags"]), result["flags"]
+    assert evaluate(drawn_client, sources.CORRECT)["status"] == "correct"
+
+
+def test_a_later_trial_is_checked_on_its_own_draw(drawn_client: httpx.Client) -> None:
+    """Right on the first trial's inputs only (kept from the first call): the second trial's output is checked
+    against the timer's output on the second trial's inputs."""
+    first_answer = sources.candidate(
+        "if not FIRST:\n    FIRST.append(x.clamp_min(0) * self.scale)\nreturn FIRST[0].clone()", prelude="FIRST = []"
+    )
+    result = evaluate(drawn_client, first_answer)
+    assert result["status"] == "incorrect" and "trial 1: " in result["message"], result
+
+
+def test_a_reference_with_random_calls_matches_a_candidate_that_draws_the_same(drawn_client: httpx.Client) -> None:
+    """Each trial's call starts from the random state the reference's did (KernelBench's dropout problems), in
+    every worker that draws the trial."""
+    same = sources.DROPOUT_REFERENCE.replace("class Model(", "class ModelNew(").split("def get_inputs")[0]
+    result = evaluate(drawn_client, same, sources.DROPOUT_REFERENCE)
+    assert result["status"] == "correct", result["message"]
+    result = evaluate(drawn_client, sources.CORRECT, sources.DROPOUT_REFERENCE)
+    assert result["status"] == "incorrect", result["message"]
