@@ -531,7 +531,10 @@ class Judge:
         state = self.run_state
         errors: list[tuple[float, float]] = []
         mutated = False
-        phases = dict.fromkeys(("expected", "correctness", "compare"), 0.0)
+        # `compare` is a trial's save, the copy of what it saved, and the timer's check (each a phase of its own).
+        phases = dict.fromkeys(
+            ("expected", "correctness", "compare", "compare_save", "compare_copy", "compare_check"), 0.0
+        )
         try:
             async with self._device():
                 started = time.monotonic()
@@ -557,7 +560,8 @@ class Judge:
                     mutated = mutated or reply["inputs_sketch"] != expected.get("inputs_sketch")
                     try:
                         await self._save(candidate, 0)
-                        found = await self._timer_check(candidate, 0)
+                        phases["compare_save"] += time.monotonic() - checked
+                        found = await self._timer_check(candidate, 0, commit=False, parts=phases)
                     except _SavedOutputRefusedError as error:
                         found = {"reason": f"unreadable output ({error})"[:500]}
                     phases["compare"] += time.monotonic() - checked
@@ -1079,13 +1083,16 @@ class Judge:
             raise CandidateFailure
         self.run_state.replaced |= _names(reply.get("replaced"))
 
-    async def _timer_check(self, candidate: Worker, call: int) -> dict[str, Any]:
+    async def _timer_check(
+        self, candidate: Worker, call: int, commit: bool = True, parts: dict[str, float] | None = None
+    ) -> dict[str, Any]:
         """The reference's timer's check (runner.check_saved_output: on its device, where its own output is) of the
         output the candidate saved last (_save) against the timer's output of `call`: the reason it is wrong, the
-        largest errors, whether the check ran out of time, and the commitment of the bytes compared.
+        largest errors, whether the check ran out of time, and (`commit`) the commitment of the bytes compared.
         _SavedOutputRefusedError where the saved file is not a single regular file of the job's within the size of
-        an output, or could not be copied."""
+        an output, or could not be copied. `parts`: where the seconds of the copy and of the check are added."""
         assert self.timer is not None
+        started = time.monotonic()
         # The saved file goes to the timer as a copy in a directory only the service writes: the job owns its
         # `checks` directory and could change its file while the timer reads it.
         try:
@@ -1096,12 +1103,16 @@ class Judge:
             raise _SavedOutputRefusedError(DISK_FULL if disk_full else str(error), disk_full) from error
         command = {
             "op": "check", "call": call, "check": self.checks, "atol": self.request.atol, "rtol": self.request.rtol,
-            "seconds": max(0.0, self.deadline - time.monotonic()),
+            "seconds": max(0.0, self.deadline - time.monotonic()), "commit": commit,
         }  # fmt: skip
+        copied = time.monotonic()
         try:
             found, _, _ = await self._command(self.timer, command, "checked")
         finally:
             await asyncio.to_thread(_remove_check, self.timer, self.checks)
+        if parts is not None:
+            parts["compare_copy"] = parts.get("compare_copy", 0.0) + copied - started
+            parts["compare_check"] = parts.get("compare_check", 0.0) + time.monotonic() - copied
         return found
 
     async def _recheck(self, candidate: Worker) -> None:

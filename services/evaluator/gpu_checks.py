@@ -38,7 +38,7 @@ def make_signed(inputs: Sequence[Any]) -> list[Any]:
     for t in inputs:
         if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() and bool((t >= 0).all()):
             top = float(t.max()) or 1.0
-            t = t * 2 - top
+            t = torch.mul(t, 2).sub_(top)  # one new tensor, not two: inputs can be most of the GPU's memory
         out.append(t)
     return out
 

@@ -458,10 +458,11 @@ def serve_timing(
                         # The re-check: the freed blocks of the outputs' sizes are poisoned on a GPU (an output never
                         # written then reads as NaN).
                         values = inputs.one_set(command)
+                        buffers = inputs.refill(values)
+                        del values  # the set is in the buffers now: freed before the call, which may need the room
                         if backend.name == "cuda" and outputs_like is not None:
                             gpu_checks.poison_freed_blocks(outputs_like, backend.device_string())
-                        milliseconds, out = backend.time_call(model, inputs.refill(values))
-                        del values
+                        milliseconds, out = backend.time_call(model, buffers)
                         times.append(milliseconds)
                         outputs.append(out)
                     else:
@@ -528,7 +529,8 @@ def check_saved_output(context: WorkerContext, expected: Any, command: dict[str,
     this side, and the candidate's is moved to it a chunk at a time). With the reason it is wrong ("" if right)
     come the commitment of the bytes compared, for the service to hold to the one the candidate's block reply made
     (on a GPU the sketch, on a CPU the hash of what the judge read from the candidate's memory) and None where the
-    saved data cannot be hashed: its leaves are checked (plain, dense, not overlapping) before a byte is hashed."""
+    saved data cannot be hashed: its leaves are checked (plain, dense, not overlapping) before a byte is hashed.
+    `commit` false (a correctness trial's output, which no block committed to): no commitment, and no hash."""
     deadline = time.monotonic() + float(command["seconds"])
     found: dict[str, Any] = {"reason": "", "commitment": None, "max_abs": None, "max_rel": None, "timed_out": False}
     want = compare.trusted_leaves(expected)
@@ -543,7 +545,7 @@ def check_saved_output(context: WorkerContext, expected: Any, command: dict[str,
     # Hashed only if shaped as `expected` is: leaves that all view one large storage would otherwise have it all
     # hashed once per leaf, without a deadline. The block's outputs had the reference's shapes (the judge checks
     # that first), so a file of other shapes is not what the call returned, and is committed to by none.
-    if not any(problems) and _shaped_as(leaves, want):
+    if command.get("commit", True) and not any(problems) and _shaped_as(leaves, want):
         with contextlib.suppress(Exception):  # a structure no timed call returns was committed to by none
             if context.backend.name == "cuda":
                 found["commitment"] = output_digest.output_sketch_on(outputs, context.backend.device_string())
