@@ -38,6 +38,11 @@ from services.evaluator import build_cache, compare, gpu_checks, held_memory, ou
 from services.evaluator.backends import KernelBackend, get_backend, triton_support
 from services.evaluator.guards import Guard
 
+# Files a worker saves carry no zip CRC-32s: computing them took 1.1 s of the 1.4 s a 512 MiB output's save took on
+# a CPU core (the candidate's save of each checked GiB-sized output, on the GPU host, was most of an evaluation's
+# time), and nothing reads them: torch.load does not check them and the service checks every archive itself.
+torch.serialization.set_crc32_options(False)
+
 # Bound before any candidate code runs: what outputs are written and inputs read and refilled with.
 _save = torch.save
 _load = torch.load
