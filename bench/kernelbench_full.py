@@ -524,6 +524,8 @@ def run_service_measurement(args: argparse.Namespace, url: str, pid: int | None,
                     "max_abs_error": r.get("max_abs_error"),
                     "flags": r.get("flags", []),
                     "message_head": (r.get("message") or "")[:300],
+                    # A traceback's last lines say what failed; its head says only where.
+                    "message_tail": (r.get("message") or "")[300:][-700:],
                     "phases_s": r.get("phases_s", {}),
                     "duration_s": r.get("duration_s"),
                     "device": r.get("device"),

@@ -594,6 +594,10 @@ class Judge:
         await asyncio.to_thread(_hand_over, timer, self.reference, self.handed_over)
         await timer.send({"role": "timer", "reference_source": self.request.reference_source, "seed": self.seed})
         ready = await timer.expect({"ready_to_time", "error"}, self.deadline)
+        if ready is None and time.monotonic() >= self.deadline:
+            # The candidate's time ran out, which it can make happen while the timer starts (its import slept up to
+            # the deadline): its own `timeout`, never an evaluator_error it chose.
+            raise CandidateFailure
         if ready is None or ready["event"] != "ready_to_time":
             detail = (ready or {}).get("message") or "the reference timer did not start"
             raise EvaluatorFailure(f"the reference could not be timed: {detail}")
@@ -782,13 +786,17 @@ class Judge:
         self.run_state.timing = chosen[1] if chosen is not None else timing
 
     async def _warm_up(self, candidate: Worker, timer: Worker) -> int:
-        """Warm both up; the calls per block that make the reference's block last `min_sample_ms`."""
-        warmup = self._fresh_seeds(max(1, self.request.warmup_trials))
-        reference_warm = await self._block(timer, warmup)
-        await self._block(candidate, warmup)
+        """Warm both up, in blocks of at most max_block_calls calls (a block holds every input set and output of
+        its calls: five warm-up calls of KernelBench's 19_ReLU in one block took 60 GiB of the H100 in the timer);
+        the calls per block that make the reference's block last `min_sample_ms`."""
+        calls, reference_ms = max(1, self.request.warmup_trials), []
+        for start in range(0, calls, self.max_block_calls):
+            warmup = self._fresh_seeds(min(self.max_block_calls, calls - start))
+            reference_ms += (await self._block(timer, warmup)).ms
+            await self._block(candidate, warmup)
         # Both sides run blocks of the same calls, sized from the reference's (trusted) time, so the time the
         # judge sees beyond the reported times has the same parts on both sides (the pipe, the refills).
-        per_call_ms = max(1e-4, min(reference_warm.ms))  # the first calls are cold
+        per_call_ms = max(1e-4, min(reference_ms))  # the first calls are cold
         min_sample_ms = self.settings.min_sample_ms or (
             MIN_SAMPLE_MS_GPU if self.gpu is not None else MIN_SAMPLE_MS_CPU
         )
@@ -1122,7 +1130,10 @@ class Judge:
         assert self.timer is not None
         recheck = self.trials  # the reference's extra set
         if self.drawn:
-            one_set: dict[str, Any] = {"trial_seed": self.seed + 1 + recheck, "signed": self.reference.signed[recheck]}
+            # A seed the candidate cannot know (the trials' follow from the request's seed), drawn as the reference's
+            # extra set was: signed where that set is.
+            seed = self._fresh_seeds(1)[0]
+            one_set: dict[str, Any] = {"trial_seed": seed, "signed": self.reference.signed[recheck]}
         else:
             one_set = {"set": recheck}
             for worker in (self.timer, candidate):
@@ -1152,6 +1163,8 @@ class Judge:
         one_set = {"trial_seed": self.seed + 1, "signed": self.reference.signed[0]} if self.drawn else {"set": "0"}
         await worker.send({"op": "profile", **one_set, "nonce": nonce})
         reply = await worker.expect({"profiled", "error"}, self.deadline)
+        if reply is None and time.monotonic() >= self.deadline:
+            raise CandidateFailure  # the time ran out, whoever was running (as in _command)
         if reply is None or reply["event"] == "error" or reply.get("nonce") != nonce:
             if worker is self.timer:
                 raise EvaluatorFailure(f"the reference could not be profiled: {(reply or {}).get('message')}")
