@@ -5,13 +5,16 @@ judge: it sends every command, measures how long each took from outside, and che
 here decides a verdict.
 
 Roles:
-- `reference`: draw every trial's inputs with the reference's `get_inputs`, run `Model`, save inputs and outputs.
+- `reference`: draw every trial's inputs with the reference's `get_inputs`, run `Model`, save inputs and outputs
+  (on the `drawn` data path only the init inputs, and each trial's shapes and sign).
 - `candidate`: import the candidate (its extension builds are requested from the service), write its outputs
-  on the correctness inputs, then serve timing commands (timed calls draw fresh inputs with the reference's
-  `get_inputs`, from seeds the judge sends with each block).
+  on the correctness inputs (on the `drawn` path: one trial per command, on inputs it draws from the trial's
+  seed, each output saved for the timer's check), then serve timing commands (timed calls draw fresh inputs with
+  the reference's `get_inputs`, from seeds the judge sends with each block).
 - `timer`: the reference model, served with the same timing commands in a process of its own, so a candidate
   can never reach the model it is timed against; it also makes the judge's full checks of timed calls (`check`:
-  the output a candidate saved for a call against the timer's own output of that call, on its device).
+  the output a candidate saved for a call against the timer's own output of that call, on its device), and on the
+  `drawn` path the correctness trials' (`trial` computes its output of a trial first).
 - `build`: compile one extension the candidate asked for; nothing of the candidate is imported.
 """
 
@@ -428,7 +431,9 @@ def serve_timing(
     judge clocks each command on both sides, so work moved out of the timed calls into drawing or digesting shows
     as well. `save`: write the output of one call of the last block, chosen by the judge after the block, for it to
     check in full. `check` (the reference's timer only, `checks_candidate`): compare the output a candidate saved
-    for one call of its last block with this worker's own output of the same call (check_saved_output).
+    for one call of its last block with this worker's own output of the same call (check_saved_output). `trial` (the
+    timer only, on the `drawn` data path): one call on a correctness trial's inputs, drawn from the seed the judge
+    names; the reply carries the sketch of the inputs untouched, and the output is what the next `check` compares.
     Correctness checks and timed calls go through this one path, so a candidate cannot tell which of its calls are
     checked. Digests, saves and the end of the job report what the guard found replaced."""
     backend = context.backend
