@@ -41,11 +41,6 @@ from services.evaluator import build_cache, compare, gpu_checks, held_memory, ou
 from services.evaluator.backends import KernelBackend, get_backend, triton_support
 from services.evaluator.guards import Guard
 
-# Files a worker saves carry no zip CRC-32s: computing them took 1.1 s of the 1.4 s a 512 MiB output's save took on
-# a CPU core (the candidate's save of each checked GiB-sized output, on the GPU host, was most of an evaluation's
-# time), and nothing reads them: torch.load does not check them and the service checks every archive itself.
-torch.serialization.set_crc32_options(False)
-
 # Bound before any candidate code runs: what outputs are written and inputs read and refilled with.
 _save = torch.save
 _load = torch.load
@@ -78,6 +73,11 @@ class WorkerContext:
         cls, device: str, threads: int, cache_dir: str, emit: Callable[..., None], control: IO[str]
     ) -> WorkerContext:
         _set_num_threads(threads)
+        # Files a worker saves carry no zip CRC-32s: computing them took 1.1 s of the 1.4 s a 512 MiB output's save
+        # took on a CPU core (the candidate's save of each checked GiB-sized output, on the GPU host, was most of an
+        # evaluation's time), and nothing reads them: torch.load does not check them, nor does the service's own
+        # check of every archive (torch_archive). Set here, in the worker only: it holds for the whole process.
+        torch.serialization.set_crc32_options(False)
         backend = get_backend(device)
         if not backend.available():
             raise RuntimeError(f"device {device!r} is not available in this worker")
