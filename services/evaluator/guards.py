@@ -67,9 +67,14 @@ def _members(label: str, namespace: Any) -> dict[str, tuple[Any, Any]]:
 
 # Replaced by torch itself when torch._dynamo is imported (torch.compile): `torch._disable_dynamo(original)`.
 LIBRARY_WRAPPED = frozenset({"torch.manual_seed"})
+# Rebound by torch itself to one of its legacy storage classes (torch.set_default_dtype names the default dtype's);
+# nothing the worker runs uses it.
+LIBRARY_REBOUND = frozenset({"torch.Storage"})
 
 
-def _benign_wrapper(qualified: str, now: Any, original: Any) -> bool:
+def _benign(qualified: str, now: Any, original: Any) -> bool:
+    if qualified in LIBRARY_REBOUND:
+        return isinstance(now, type) and now.__module__ == original.__module__ and now.__name__.endswith("Storage")
     return qualified in LIBRARY_WRAPPED and getattr(now, "__wrapped__", None) is original
 
 
@@ -95,9 +100,7 @@ class Guard:
             current = vars(namespace)
             for name, (original, code) in members.items():
                 now = current.get(name)
-                if (now is not original or _code(now) is not code) and not _benign_wrapper(
-                    f"{label}.{name}", now, original
-                ):
+                if (now is not original or _code(now) is not code) and not _benign(f"{label}.{name}", now, original):
                     changed.append(f"{label}.{name}")
         for label, (obj, attributes) in self._objects.items():
             now = vars(obj)

@@ -48,6 +48,8 @@ _copy = torch.Tensor.copy_
 _Tensor = torch.Tensor
 _no_grad = torch.no_grad
 _set_num_threads = torch.set_num_threads
+_get_default_dtype = torch.get_default_dtype
+_set_default_dtype = torch.set_default_dtype
 _get_num_threads = torch.get_num_threads
 _set_affinity = os.sched_setaffinity
 _listdir = os.listdir
@@ -233,6 +235,24 @@ def skeleton(value: Any) -> Any:
     return None
 
 
+def _drawn_as_the_reference_draws(get_inputs: Callable[[], Any]) -> Callable[[], Any]:
+    """`get_inputs` called with torch's default dtype as it is now, after the reference's import and before the
+    candidate's, whatever the candidate sets later: a candidate that calls torch.set_default_dtype would otherwise
+    have its trials' and timed blocks' inputs drawn in its dtype (a float16 draw halves a memory-bound call's
+    traffic and stays within a loose tolerance). Its own code still runs with the default it set."""
+    dtype = _get_default_dtype()
+
+    def draw() -> Any:
+        candidate_dtype = _get_default_dtype()
+        _set_default_dtype(dtype)
+        try:
+            return get_inputs()
+        finally:
+            _set_default_dtype(candidate_dtype)
+
+    return draw
+
+
 def _load_inputs(path: Path) -> list[Any]:
     """One trial's inputs, memory-mapped copy-on-write: pages are read as the device copy or the model touches them,
     and a candidate writing into its inputs changes only this process's pages, never the file."""
@@ -243,6 +263,7 @@ def run_candidate(context: WorkerContext, job: dict[str, Any]) -> None:
     """Build ModelNew, write its outputs on the correctness inputs when told to, then serve timing commands."""
     # The reference's source only draws the timed calls' inputs here; the reference model is timed elsewhere.
     inputs_module = load_source("kernel_inputs", job["reference_source"], context.home / "reference.py")
+    get_inputs = _drawn_as_the_reference_draws(inputs_module.get_inputs)
     guard = _guard(context)
     loader = build_cache.install(context.backend.name, context.emit, context.control)
     inputs_dir = context.home / "inputs"
@@ -257,7 +278,7 @@ def run_candidate(context: WorkerContext, job: dict[str, Any]) -> None:
     context.emit("compiled")
     command = context.command()
     if command.get("op") == "trial":
-        written = _run_trials(context, model, inputs_module.get_inputs, command, guard)
+        written = _run_trials(context, model, get_inputs, command, guard)
     elif command.get("op") == "run":
         written = _run_handed_over(context, model, job)
     else:
@@ -266,7 +287,7 @@ def run_candidate(context: WorkerContext, job: dict[str, Any]) -> None:
         return
     loader.closed = True
     context.emit("outputs_written", replaced=_replaced(guard))
-    serve_timing(context, model, InputSets(context, inputs_module.get_inputs), guard)
+    serve_timing(context, model, InputSets(context, get_inputs), guard)
 
 
 def _run_handed_over(context: WorkerContext, model: Any, job: dict[str, Any]) -> bool:

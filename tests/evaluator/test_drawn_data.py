@@ -97,3 +97,23 @@ def test_a_reference_with_random_calls_matches_a_candidate_that_draws_the_same(d
     assert result["status"] == "correct", result["message"]
     result = evaluate(drawn_client, sources.CORRECT, sources.DROPOUT_REFERENCE)
     assert result["status"] == "incorrect", result["message"]
+
+
+@pytest.mark.parametrize("server", ["client", "drawn_client"])
+def test_inputs_are_drawn_in_the_reference_s_dtype_whatever_the_candidate_sets(
+    request: pytest.FixtureRequest, server: str
+) -> None:
+    """A candidate that sets torch's default dtype gets every trial's and every timed block's inputs in the dtype
+    the reference draws them in (float16 draws would halve a memory-bound call's traffic), on both data paths,
+    and its own code keeps the default it set."""
+    sets_its_dtype = sources.candidate(
+        """
+torch.set_default_dtype(torch.float16)
+if x.dtype != torch.float32 or torch.get_default_dtype() != torch.float16:
+    raise RuntimeError(f"drawn in {x.dtype}, default {torch.get_default_dtype()}")
+return x.clamp_min(0) * self.scale
+""",
+        prelude="torch.set_default_dtype(torch.float64)",
+    )
+    result = evaluate(request.getfixturevalue(server), sets_its_dtype, atol=1e-2, rtol=1e-2)
+    assert result["status"] == "correct", result["message"]
