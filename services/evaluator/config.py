@@ -126,6 +126,14 @@ class Settings(BaseSettings):
         "outputs are files the service keeps and hands over, and outputs are compared on the host. Unset: `drawn` on "
         "CUDA, `files` on a CPU.",
     )
+    device_memory_mb: int | None = Field(
+        None,
+        ge=256,
+        description="Device memory the evaluations on one GPU may reserve together (each reserves what its reference "
+        "peaked at, twice, plus its timed blocks' data and two CUDA contexts, and waits while the GPU is full). Unset: "
+        "the GPU's memory less a context for every idle worker and builder. Lower it to leave room for other "
+        "processes on the GPU (a trainer).",
+    )
     reference_cache_size: int = Field(
         32, ge=0, description="Reference outputs kept per (reference, seed, trials, device)."
     )

@@ -39,6 +39,7 @@ from services.evaluator.compare import (
     output_size_limit,
 )
 from services.evaluator.config import HACK_FLAGS, Settings
+from services.evaluator.device_memory import GIB, DoesNotFitError, evaluation_need
 from services.evaluator.metrics import Metrics
 from services.evaluator.pool import QueueFullError, Worker, WorkerPool, WorkerStartError
 from services.evaluator.safe_files import copy_file_beneath, open_beneath, read_file_beneath
@@ -120,6 +121,9 @@ class ReferenceData:
     torch_version: str
     signed: list[bool]
     data_path: str
+    # What the reference's run peaked at on its GPU (torch's reserved memory; 0 on a CPU): each evaluation's
+    # device memory is admitted from it (device_memory).
+    device_peak_bytes: int = 0
 
     @property
     def size(self) -> int:
@@ -211,9 +215,11 @@ class Evaluator:
             started = time.monotonic()
             deadline = started + (request.timeout_s or self.settings.default_timeout_s)
             reference = await self._reference(request, device, seed, deadline)
-            phases = {"queued": started - queued_at, "reference": time.monotonic() - started}
-            judge = Judge(self, request, device, seed, deadline, reference, check.flags, split_build.enabled())
             judged_at = time.monotonic()
+            phases = {"queued": started - queued_at, "reference": judged_at - started}
+            # The candidate's time limit starts now: the reference's run (or the wait for one in progress) is not its.
+            deadline = judged_at + (request.timeout_s or self.settings.default_timeout_s)
+            judge = Judge(self, request, device, seed, deadline, reference, check.flags, split_build.enabled())
             run = await judge.run()
             result = candidate_result(run, self.settings.reject_flags, self.settings.message_chars)
             if needs_whole_rebuild(result):
@@ -304,7 +310,9 @@ class Evaluator:
             "role": "reference", "reference_source": request.reference_source, "seed": seed, "trials": trials,
             "data_path": data_path,
         }  # fmt: skip
-        async with self.pool.worker(device, self.pool.placement(device)) as worker:
+        gpu = self.pool.placement(device)
+        async with self._whole_device(gpu) as waited, self.pool.worker(device, gpu) as worker:
+            deadline += waited
             await worker.send(job)
             outcome = await worker.finish(deadline)
             error = worker.find("error")
@@ -314,6 +322,17 @@ class Evaluator:
                 detail = error.get("message", "") if error else f"{outcome.describe_exit()}\n{outcome.stdio_tail}"
                 raise EvaluatorFailure(f"the reference failed: {detail}")
             return await asyncio.to_thread(self._read_reference, worker, trials, data_path)
+
+    @contextlib.asynccontextmanager
+    async def _whole_device(self, gpu: str | None) -> AsyncIterator[float]:
+        """The whole of `gpu` (nothing on a CPU), for a reference's run: how much device memory an evaluation of it
+        needs is what the run will tell. No model of another evaluation runs on the GPU meanwhile. Yields the
+        seconds waited."""
+        if gpu is None:
+            yield 0.0
+            return
+        async with self.pool.device_memory[gpu].reserve(None, "the reference's run") as waited:
+            yield waited
 
     def _read_reference(self, worker: Worker, trials: int, data_path: str) -> ReferenceData:
         result = worker.find("result") or {}
@@ -327,6 +346,9 @@ class Evaluator:
             signed = result.get("signed")
             if not (isinstance(signed, list) and len(signed) == trials and all(type(s) is bool for s in signed)):
                 raise ValueError("no sign for every trial")
+            peak = result.get("device_peak_bytes", 0)
+            if type(peak) is not int or peak < 0:
+                raise ValueError(f"a malformed device peak {peak!r}"[:200])
             if data_path == "drawn":
                 input_bytes: list[bytes] = []
                 skeletons = result.get("skeletons")
@@ -342,7 +364,7 @@ class Evaluator:
             raise EvaluatorFailure(f"the reference's outputs are unreadable: {type(exc).__name__}: {exc}") from exc
         return ReferenceData(
             init_bytes, input_bytes, inputs, expected, str(result.get("device", "")), str(result.get("torch_version")),
-            signed, data_path,
+            signed, data_path, peak,
         )  # fmt: skip
 
 
@@ -460,6 +482,10 @@ class Judge:
         return max(1, min(MAX_BLOCK_CALLS, budget // call_bytes))
 
     async def run(self) -> CandidateRun:
+        async with self._admitted():
+            return await self._run()
+
+    async def _run(self) -> CandidateRun:
         state = self.run_state
         asked_at = time.monotonic()
         async with self.pool.worker(self.device, self.gpu) as candidate, self.workers:
@@ -488,6 +514,31 @@ class Judge:
                 state.outcome.timed_out = False
             state.events = list(candidate.events)
         return state
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self) -> AsyncIterator[None]:
+        """This evaluation's share of its GPU's memory (device_memory.evaluation_need), held until its workers are
+        gone; the wait is not the candidate's time. A problem that cannot fit is the evaluator's failure, with sizes."""
+        if self.gpu is None:
+            yield
+            return
+        call_bytes = _nbytes(self.reference.expected[0]) + _nbytes(self.reference.inputs[0])
+        # A timed block holds every call's inputs and outputs, and one more set of input buffers (InputSets).
+        block_bytes = (self.max_block_calls + 1) * call_bytes
+        peak = self.reference.device_peak_bytes
+        what = (
+            f"an evaluation of this reference (its run peaked at {peak / GIB:.1f} GiB, a timed block holds "
+            f"{block_bytes / GIB:.1f} GiB; the larger, in each of two workers, with a CUDA context each)"
+        )
+        memory = self.pool.device_memory[self.gpu]
+        need = evaluation_need(peak, block_bytes)
+        try:
+            memory.check(need, what)
+        except DoesNotFitError as error:
+            raise EvaluatorFailure(str(error)) from error
+        async with memory.reserve(need, what) as waited:
+            self._extend("device_wait", waited)
+            yield
 
     async def _correctness(self, candidate: Worker, job_sent_at: float) -> None:
         state = self.run_state

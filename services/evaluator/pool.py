@@ -26,6 +26,7 @@ from typing import Any
 
 from services.evaluator import build_cache, job_cgroup, sandbox
 from services.evaluator.config import Settings
+from services.evaluator.device_memory import WORKER_CONTEXT_BYTES, DeviceMemory
 from services.evaluator.safe_files import remove_tree
 
 log = logging.getLogger(__name__)
@@ -333,6 +334,9 @@ class WorkerPool:
         self._next_gpu = itertools.cycle(self.gpus)
         # The judge holds a GPU's lock while models run on it, so timings never share a GPU; builds go on meanwhile.
         self.gpu_locks = {gpu: asyncio.Lock() for gpu in self.gpus}
+        # Each GPU's memory, reserved by evaluations (device_memory); its size comes with the first worker started there.
+        limit = settings.device_memory_mb << 20 if settings.device_memory_mb is not None else None
+        self.device_memory = {gpu: DeviceMemory(limit) for gpu in self.gpus}
         self.timing_cpus = timing_cpus(settings.timing_cpus, self.gpus)
         self._builds = asyncio.Semaphore(settings.build_workers)
         self._pch_build = _start_pch_build(settings.cache_dir)
@@ -348,11 +352,15 @@ class WorkerPool:
         if not self.settings.prespawn:
             return
         gpus: list[str | None] = list(self.gpus) if device == "cuda" else [None]
-        per_key = -(-2 * self.settings.workers // len(gpus))
+        per_key = self._idle_per_gpu() if device == "cuda" else 2 * self.settings.workers
         for gpu in gpus:
             idle = self._idle.setdefault((device, gpu), [])
             while len(idle) < per_key:
                 idle.append(await self._spawn(device, gpu))
+
+    def _idle_per_gpu(self) -> int:
+        """Idle workers prespawned per GPU (two per slot, the GPUs sharing them)."""
+        return -(-2 * self.settings.workers // len(self.gpus)) if self.settings.prespawn else 0
 
     @contextlib.asynccontextmanager
     async def build_slot(self) -> AsyncIterator[None]:
@@ -434,6 +442,11 @@ class WorkerPool:
                 self._active.discard(worker)
                 await self._dispose(worker)
                 raise WorkerStartError(f"worker processes {sorted(outside)} are not in the job's cgroup")
+        total = event.get("device_memory_bytes")
+        if worker.gpu is not None and type(total) is int and total > 0:
+            # Sent before any job's code ran. Outside every reservation: a context for every idle worker and builder.
+            unreserved = (self._idle_per_gpu() + self.settings.build_workers) * WORKER_CONTEXT_BYTES
+            await self.device_memory[worker.gpu].learn_capacity(total - unreserved)
         if event.get("device_hash_unavailable") and not self._warned_device_hash:
             # Sent before any job's code ran in the worker. Sketches stay sound (the same hash, on the host), slower.
             self._warned_device_hash = True

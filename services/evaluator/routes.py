@@ -117,5 +117,16 @@ async def get_health(settings: SettingsDep, pool: WorkerPoolDep) -> HealthRespon
             "workers": settings.workers,
             "running": pool.running,
             "queue_depth": pool.waiting,
+            # Per GPU: what evaluations may reserve (null until a worker reported the GPU's size), hold and wait for.
+            "device_memory_mb": {
+                gpu: {
+                    "capacity": None if memory.capacity is None else memory.capacity >> 20,
+                    "reserved": memory.reserved >> 20,
+                    "exclusive": memory.exclusive,
+                    "waiting": memory.waiting,
+                }
+                for gpu, memory in pool.device_memory.items()
+                if get_backend("cuda").available()
+            },
         },
     )

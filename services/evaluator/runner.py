@@ -69,6 +69,8 @@ class WorkerContext:
     device_hash_unavailable: str = ""
     # The core the judge's timing commands pin this process to (on a GPU), once one has named it.
     cpu: int | None = None
+    # The size of the worker's GPU (0 on a CPU): what the service admits evaluations to (device_memory).
+    device_memory_bytes: int = 0
 
     @classmethod
     def start(
@@ -83,12 +85,13 @@ class WorkerContext:
         backend = get_backend(device)
         if not backend.available():
             raise RuntimeError(f"device {device!r} is not available in this worker")
-        device_hash_unavailable = ""
+        device_hash_unavailable, device_memory_bytes = "", 0
         if backend.name == "cuda":
             # Build for this GPU's arch only (read from the device) unless the candidate names its own.
             os.environ.setdefault("TORCH_CUDA_ARCH_LIST", pch.device_arch(0))
             backend.activate()
             device_hash_unavailable = output_digest.prepare(backend.device_string())
+            device_memory_bytes = torch.cuda.get_device_properties(backend.device_string()).total_memory
         # Trusted patches of torch by torch itself happen before the guard's snapshot, so that a torch.compile or
         # Triton candidate is not flagged for them: importing torch._dynamo wraps torch.manual_seed, and dynamo's
         # first compile replaces nn.Module.__init__/__setstate__ (generation tagging), which we install up front.
@@ -96,7 +99,10 @@ class WorkerContext:
         dynamo.mutation_guard.install_generation_tagging_init()
         if backend.name == "cuda" and triton_support.available():
             importlib.import_module("triton.language")
-        return cls(backend, Path.cwd(), Path(cache_dir), threads, emit, control, device_hash_unavailable)
+        return cls(
+            backend, Path.cwd(), Path(cache_dir), threads, emit, control, device_hash_unavailable,
+            device_memory_bytes=device_memory_bytes,
+        )  # fmt: skip
 
     def command(self) -> dict[str, Any]:
         """The judge's next command; an empty dict when the service closed the pipe."""
@@ -200,7 +206,10 @@ def run_reference(context: WorkerContext, job: dict[str, Any]) -> None:
             else:
                 _save(to_plain(outputs), context.home / f"expected_{trial}.pt")
             del inputs, args, outputs
-    fields = {"skeletons": skeletons} if drawn else {}
+    fields: dict[str, Any] = {"skeletons": skeletons} if drawn else {}
+    if backend.name == "cuda":
+        # What the service admits each evaluation of this reference to the GPU for (device_memory).
+        fields["device_peak_bytes"] = torch.cuda.max_memory_reserved()
     context.emit("result", device=backend.describe(), torch_version=torch.__version__, signed=signs, **fields)
 
 

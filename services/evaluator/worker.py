@@ -47,7 +47,11 @@ def main() -> None:
     except BaseException:
         events.emit("error", stage="startup", message=traceback.format_exc())
         os._exit(3)
-    events.emit("ready", device_hash_unavailable=context.device_hash_unavailable)
+    events.emit(
+        "ready",
+        device_hash_unavailable=context.device_hash_unavailable,
+        device_memory_bytes=context.device_memory_bytes,
+    )
     job = json.loads(sys.stdin.readline())
     try:
         runner.run_job(context, job)

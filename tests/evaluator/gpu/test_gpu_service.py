@@ -7,7 +7,11 @@ build cache; each candidate calls a different function of it.
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib.util
+import re
+import threading
+import time
 
 import httpx
 import pytest
@@ -229,3 +233,70 @@ def test_an_output_forged_within_the_tolerance_is_caught_on_the_gpu(service: str
     )
     assert result["status"] == "rejected" and "result_tampering" in result["flags"], result
     assert "not the one its timed call produced" in result["message"], result["message"]
+
+
+def test_the_service_knows_how_much_of_the_gpu_evaluations_may_reserve(service: str) -> None:
+    deadline = time.monotonic() + 120
+    while True:  # known once a worker on the GPU has started
+        memory = httpx.get(f"{service}/health").json()["details"]["device_memory_mb"]["0"]
+        if memory["capacity"] is not None or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    total_mb = torch.cuda.get_device_properties(0).total_memory / (1 << 20)
+    # The GPU's memory less a context for each of the 4 idle workers and 2 builders.
+    assert abs(memory["capacity"] - (total_mb - 6 * 1024)) <= 1, memory
+    assert memory["reserved"] == 0 and not memory["exclusive"], memory
+
+
+# Evaluations of REFERENCE (16 MiB in, 16 MiB out) need 2 GiB and a bit: one fits in 3,000 MiB, two do not.
+ADMITTED_MB = 3000
+# 1 GiB in and out (and a signed copy of the input): its run peaks above what the whole admission allows.
+LARGE_REFERENCE = REFERENCE.replace("torch.rand(2048, 2048)", "torch.rand(1 << 28)")
+
+
+@pytest.fixture(scope="module")
+def admitted_service(tmp_path_factory: pytest.TempPathFactory) -> str:
+    cache = tmp_path_factory.mktemp("evaluator-admitted-cache")
+    env = {
+        "PYTHONPATH": python_path(),
+        "EVALUATOR_CACHE_DIR": str(cache),
+        "EVALUATOR_WORKERS": "2",
+        "EVALUATOR_BUILD_WORKERS": "2",
+        "EVALUATOR_DEVICE_MEMORY_MB": str(ADMITTED_MB),
+    }
+    with run_service("evaluator", env=env, log_path=cache / "service.log", timeout_s=300) as url:
+        yield url
+
+
+def test_evaluations_that_do_not_fit_together_wait_for_each_other(admitted_service: str) -> None:
+    """Two evaluations at once on a GPU with room for one: the second waits for the first's workers to be gone (the
+    service's health shows it waiting, and never more reserved than allowed), and both are correct."""
+    seen: list[dict] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            seen.append(httpx.get(f"{admitted_service}/health").json()["details"]["device_memory_mb"]["0"])
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(lambda seed: evaluate(admitted_service, HONEST_CUDA, seed=seed), [11, 11]))
+    finally:
+        done.set()
+        watcher.join()
+    assert [result["status"] for result in results] == ["correct", "correct"], [r["message"] for r in results]
+    assert all(state["capacity"] == ADMITTED_MB and state["reserved"] <= ADMITTED_MB for state in seen), seen
+    assert any(state["waiting"] >= 1 and state["reserved"] > 0 for state in seen), seen
+    assert max(result["phases_s"].get("device_wait", 0.0) for result in results) > 1.0, results
+
+
+def test_a_problem_that_cannot_fit_is_refused_with_its_sizes(admitted_service: str) -> None:
+    result = evaluate(admitted_service, HONEST_CUDA, reference_source=LARGE_REFERENCE)
+    assert result["status"] == "evaluator_error", result
+    assert re.search(r"its run peaked at \d+\.\d GiB.*\) needs \d+\.\d GiB of device memory", result["message"]), (
+        result["message"]
+    )
+    assert f"may reserve {ADMITTED_MB / 1024:.1f} GiB" in result["message"], result["message"]
