@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from cachetools import LRUCache
@@ -338,8 +338,15 @@ class Evaluator:
         result = worker.find("result") or {}
         limit = self.settings.max_file_mb << 20
 
+        written = result.get("files")
+
         def read(name: str) -> bytes:
-            return read_file_beneath(worker.root, f"home/{name}", limit, worker.uid)
+            data = read_file_beneath(worker.root, f"home/{name}", limit, worker.uid)
+            # The bytes the reference worker wrote (its channel is out of every job's reach; its files, in process
+            # isolation, are not).
+            if not isinstance(written, dict) or written.get(name) != hashlib.blake2b(data).hexdigest():
+                raise ValueError(f"{name} is not the file the reference worker wrote")
+            return data
 
         try:
             init_bytes = read("init.pt")
@@ -649,11 +656,22 @@ class Judge:
             # The candidate's time ran out, which it can make happen while the timer starts (its import slept up to
             # the deadline): its own `timeout`, never an evaluator_error it chose.
             raise CandidateFailure
-        if ready is None or ready["event"] != "ready_to_time":
-            detail = (ready or {}).get("message") or "the reference timer did not start"
-            raise EvaluatorFailure(f"the reference could not be timed: {detail}")
+        if ready is None:
+            self._timer_lost("the reference timer did not start")
+        if ready["event"] != "ready_to_time":
+            raise EvaluatorFailure(f"the reference could not be timed: {ready.get('message')}")
         self.timer, self.ready = timer, ready
         return timer
+
+    def _timer_lost(self, what: str) -> NoReturn:
+        """The reference's timer died or its directory was changed, with no error of its own. In strict isolation
+        no job can reach it: the evaluator's failure. In process isolation every job runs under the service's uid
+        and can signal the timer or write its files: the candidate's (`result_tampering`), so that no candidate
+        chooses `evaluator_error` by killing its own timer (a red-team candidate did, with a wrong answer)."""
+        if self.pool.strict:
+            raise EvaluatorFailure(f"the reference could not be timed: {what}")
+        self.run_state.flags["result_tampering"] = f"{what} (in process isolation any job can reach it)"
+        raise CandidateFailure
 
     def _should_time(self) -> bool:
         state = self.run_state
@@ -1041,9 +1059,10 @@ class Judge:
             clocked_s = _cpu_used_s(cpu_before, cpu_after) / self.settings.threads_per_worker
         if event is None and time.monotonic() >= self.deadline:
             raise CandidateFailure  # the evaluation's time ran out (the verdict says so), whoever was running
-        if worker is self.timer and (event is None or event["event"] == "error"):
-            detail = (event or {}).get("message") or "the reference timer stopped answering"
-            raise EvaluatorFailure(f"the reference could not be timed: {detail}")
+        if worker is self.timer and event is None:
+            self._timer_lost("the reference timer stopped answering")
+        if worker is self.timer and event is not None and event["event"] == "error":
+            raise EvaluatorFailure(f"the reference could not be timed: {event.get('message')}")
         if event is None or event["event"] == "error":
             raise CandidateFailure
         if event.get("nonce") != nonce:
@@ -1168,7 +1187,10 @@ class Judge:
         try:
             found, _, _ = await self._command(self.timer, command, "checked")
         finally:
-            await asyncio.to_thread(_remove_check, self.timer, self.checks)
+            try:
+                await asyncio.to_thread(_remove_check, self.timer, self.checks)
+            except OSError as error:
+                self._timer_lost(f"the reference timer's inputs directory was changed ({error})")
         if parts is not None:
             parts["compare_copy"] = parts.get("compare_copy", 0.0) + copied - started
             parts["compare_check"] = parts.get("compare_check", 0.0) + time.monotonic() - copied
@@ -1194,7 +1216,7 @@ class Judge:
                     self.run_state.flags["stale_output"] = f"the re-check could not be run: {failure}"
                     return
                 if failure and worker is self.timer:
-                    raise EvaluatorFailure(f"the reference timer's inputs could not be handed over: {failure}")
+                    self._timer_lost(f"the reference timer's inputs could not be handed over: {failure}")
                 if failure:
                     self.run_state.flags["result_tampering"] = (
                         "the job replaced the inputs directory the service gave it"

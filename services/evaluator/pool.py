@@ -308,6 +308,21 @@ class MemoryWatch:
         return over
 
 
+def _waiting_to_run(pid: int) -> bool:
+    """Whether an idle worker can take a job: its process exists and has not exited (a job in process isolation,
+    under the same uid, may have killed it: the kill is seen here before the event loop has reaped the process).
+    One that was stopped (the same job's SIGSTOP) is resumed."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    if state in (b"T", b"t"):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGCONT)
+    return state not in (b"Z", b"X", b"x")
+
+
 class WorkerPool:
     """Spawns workers under the sandbox, keeps `workers` of them idle per device, bounds concurrent evaluations."""
 
@@ -404,7 +419,7 @@ class WorkerPool:
         worker = None
         while idle and worker is None:
             candidate = idle.pop(0)
-            if candidate.proc.returncode is None:
+            if candidate.proc.returncode is None and _waiting_to_run(candidate.proc.pid):
                 worker = candidate
             else:
                 await self._dispose(candidate)

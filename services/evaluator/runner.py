@@ -21,7 +21,9 @@ Roles:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
+import io
 import json
 import os
 import random
@@ -37,7 +39,7 @@ from typing import IO, Any
 import torch
 import torch.utils.cpp_extension  # noqa: F401 - imported before candidate code, so build_cache can wrap it
 
-from services.evaluator import build_cache, compare, gpu_checks, held_memory, output_digest, pch
+from services.evaluator import build_cache, compare, gpu_checks, held_memory, output_digest, pch, sandbox
 from services.evaluator.backends import KernelBackend, get_backend, triton_support
 from services.evaluator.guards import Guard
 
@@ -148,13 +150,16 @@ def seed_everything(seed: int) -> None:
 
 
 def load_source(name: str, source: str, path: Path) -> ModuleType:
-    """Import `source` from a real file, so that inspect (and Triton's jit) can read it back."""
+    """Import `source`, also written to `path` so that inspect (and Triton's jit) can read it back. The code run is
+    compiled from `source` itself, never read back from the file or a bytecode cache beside it: in process
+    isolation another job, under the same uid, can write into this worker's directory."""
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
+    spec = importlib.util.spec_from_loader(name, loader=None, origin=str(path))
+    assert spec is not None
     module = importlib.util.module_from_spec(spec)
+    module.__file__ = str(path)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    exec(compile(source, str(path), "exec"), module.__dict__)  # noqa: S102 - the job's source, in its own worker
     return module
 
 
@@ -188,14 +193,15 @@ def run_reference(context: WorkerContext, job: dict[str, Any]) -> None:
     init_inputs = list(module.get_init_inputs())
     seed_everything(seed)
     model = module.Model(*init_inputs).to(backend.device_string())
-    _save(to_plain(init_inputs), context.home / "init.pt")
+    written: dict[str, str] = {}
+    _save_bound(to_plain(init_inputs), context.home, "init.pt", written)
     signs, skeletons = [], []
     with torch.no_grad():
         for trial in range(job["trials"]):
             inputs, signed = _reference_trial(backend, module, model, seed + 1 + trial, trial)
             signs.append(signed)
             if not drawn:
-                _save(to_plain(inputs), context.home / f"inputs_{trial}.pt")
+                _save_bound(to_plain(inputs), context.home, f"inputs_{trial}.pt", written)
             seed_everything(seed + 1 + trial)  # the candidate's call starts from the same random state (dropout)
             args = backend.prepare_inputs(inputs)
             skeleton_inputs = skeleton(args)  # before the call: a reference may change its inputs in place
@@ -204,13 +210,23 @@ def run_reference(context: WorkerContext, job: dict[str, Any]) -> None:
             if drawn:
                 skeletons.append({"inputs": skeleton_inputs, "expected": skeleton(outputs)})
             else:
-                _save(to_plain(outputs), context.home / f"expected_{trial}.pt")
+                _save_bound(to_plain(outputs), context.home, f"expected_{trial}.pt", written)
             del inputs, args, outputs
-    fields: dict[str, Any] = {"skeletons": skeletons} if drawn else {}
+    fields: dict[str, Any] = {"skeletons": skeletons, "files": written} if drawn else {"files": written}
     if backend.name == "cuda":
         # What the service admits each evaluation of this reference to the GPU for (device_memory).
         fields["device_peak_bytes"] = torch.cuda.max_memory_reserved()
     context.emit("result", device=backend.describe(), torch_version=torch.__version__, signed=signs, **fields)
+
+
+def _save_bound(value: Any, home: Path, name: str, written: dict[str, str]) -> None:
+    """Save `value` as `home/name` and record the BLAKE2b of the bytes written, which the service checks the file it
+    reads against: in process isolation another job, under the same uid, can change a file in this directory."""
+    buffer = io.BytesIO()
+    _save(value, buffer)
+    data = buffer.getbuffer()
+    written[name] = hashlib.blake2b(data).hexdigest()
+    (home / name).write_bytes(data)
 
 
 def trial_inputs(backend: KernelBackend, get_inputs: Callable[[], Any], seed: int, signed: bool) -> list[Any]:
@@ -253,6 +269,8 @@ def _drawn_as_the_reference_draws(get_inputs: Callable[[], Any]) -> Callable[[],
 
     def draw() -> Any:
         candidate_dtype = _get_default_dtype()
+        if candidate_dtype is dtype:
+            return get_inputs()
         _set_default_dtype(dtype)
         try:
             return get_inputs()
@@ -270,6 +288,7 @@ def _load_inputs(path: Path) -> list[Any]:
 
 def run_candidate(context: WorkerContext, job: dict[str, Any]) -> None:
     """Build ModelNew, write its outputs on the correctness inputs when told to, then serve timing commands."""
+    sandbox.judge_may_read()
     # The reference's source only draws the timed calls' inputs here; the reference model is timed elsewhere.
     inputs_module = load_source("kernel_inputs", job["reference_source"], context.home / "reference.py")
     get_inputs = _drawn_as_the_reference_draws(inputs_module.get_inputs)
@@ -381,14 +400,19 @@ def run_timer(context: WorkerContext, job: dict[str, Any]) -> None:
     # The reference's guard reports nothing anyone reads: it is there so that both sides' digests cost the same.
     guard = _guard(context)
     module = load_source("kernel_reference", job["reference_source"], context.home / "reference.py")
-    init_inputs = _load(context.home / "inputs" / "init.pt", weights_only=True)
+    # Drawn here as the reference worker drew them, not read from a file: in process isolation another job could
+    # change a file of this worker's before it is read.
+    seed_everything(job["seed"])
+    init_inputs = list(module.get_init_inputs())
     seed_everything(job["seed"])
     model = module.Model(*init_inputs).to(context.backend.device_string())
     fields: dict[str, Any] = {}
     if context.backend.name == "cuda":
         fields["bandwidth_gbs"] = gpu_checks.measure_bandwidth_gbs(context.backend.device_string())
     context.emit("ready_to_time", device=context.backend.describe(), **fields)
-    serve_timing(context, model, InputSets(context, module.get_inputs), guard, checks_candidate=True)
+    # Drawn through the same wrapper as the candidate's, so that drawing costs both sides the same.
+    get_inputs = _drawn_as_the_reference_draws(module.get_inputs)
+    serve_timing(context, model, InputSets(context, get_inputs), guard, checks_candidate=True)
 
 
 def _guard(context: WorkerContext) -> Guard:

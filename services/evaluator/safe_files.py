@@ -176,5 +176,10 @@ def remove_tree(path: Path) -> None:
     never follows a symlink or leaves the file system. (shutil.rmtree recurses once per level: a job that made
     1,500 nested directories raised RecursionError through ignore_errors, which turned its verdict into
     evaluator_error, leaked its sandbox uid, and stopped the service from starting again on that work dir.) What
-    cannot be removed is left, as rmtree's ignore_errors did."""
+    cannot be removed is left, as rmtree's ignore_errors did. A service that is not root (process isolation) gives
+    itself write permission on the directories first (`chmod -R` follows no link): it owns them all, but `rm` cannot
+    empty one that is read-only, such as the inputs directory it handed over (0555), which was left behind with every
+    input set in it."""
+    if os.geteuid() != 0:
+        subprocess.run(["chmod", "-R", "u+rwx", "--", str(path)], check=False, stderr=subprocess.DEVNULL)
     subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], check=False, stderr=subprocess.DEVNULL)

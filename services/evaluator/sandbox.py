@@ -63,6 +63,7 @@ MOUNT_OPTION_FLAGS = {
     "nosymfollow": 0x100,
 }
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
 # Shared scratch places replaced by an empty, small tmpfs in strict isolation.
 PRIVATE_TMPFS = ("/tmp", "/var/tmp", "/dev/shm")
@@ -403,7 +404,19 @@ def enter(spec: SandboxSpec) -> None:
     syscall_filter.install()
     # Set after the uid change, which clears it: the worker dies with the service.
     _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+    # Not dumpable: no process of another job, even under this uid (process isolation), can open this worker's
+    # /proc/<pid>/fd (its command and event pipes), read or write its memory, or trace it. A red-team job in
+    # process isolation read an idle worker's command pipe, rewrote the job line that made it the reference's
+    # timer, and scored zeros `correct` at 36x. A worker that becomes a candidate turns it back on (judge_may_read).
+    _check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
     os.chdir(spec.home)
+
+
+def judge_may_read() -> None:
+    """Make the candidate's worker dumpable again, before candidate code runs: in process isolation the service,
+    under the same uid, reads a checked CPU output from the stopped worker's memory (held_memory), which needs it.
+    Other jobs under that uid can then reach the candidate too, never the reference's workers."""
+    _check(_libc().prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
 
 
 def probe_main() -> None:

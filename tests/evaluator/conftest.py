@@ -76,25 +76,32 @@ def client(evaluator_url: str) -> Iterator[httpx.Client]:
 
 
 @pytest.fixture(scope="session")
-def process_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
-    """A second server, in `process` isolation: one unprivileged uid for the service and its jobs (as root, the
-    tests start it as PROCESS_USER), with a cache and work directory of its own."""
+def process_home() -> Iterator[Path]:
+    """Home, cache and work directory of the `process`-isolation server."""
     home = Path(tempfile.mkdtemp(prefix="ka-process-isolation-"))
     try:
-        home.chmod(0o755)
-        if os.geteuid() == 0:
-            user = pwd.getpwnam(PROCESS_USER)
-            os.chown(home, user.pw_uid, user.pw_gid)
-        env = server_env(home / "cache", HOME=str(home), EVALUATOR_ISOLATION="process", EVALUATOR_WORK_DIR=str(home))
-        log = tmp_path_factory.mktemp("evaluator-process-log") / "server.log"
-        with (
-            run_service("evaluator", env=env, log_path=log, user=PROCESS_USER) as url,
-            httpx.Client(base_url=url, timeout=600) as http,
-        ):
-            assert http.get("/health").json()["details"]["isolation"] == "process"
-            yield http
+        yield home
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def process_client(process_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    """A second server, in `process` isolation: one unprivileged uid for the service and its jobs (as root, the
+    tests start it as PROCESS_USER), with a cache and work directory of its own."""
+    home = process_home
+    home.chmod(0o755)
+    if os.geteuid() == 0:
+        user = pwd.getpwnam(PROCESS_USER)
+        os.chown(home, user.pw_uid, user.pw_gid)
+    env = server_env(home / "cache", HOME=str(home), EVALUATOR_ISOLATION="process", EVALUATOR_WORK_DIR=str(home))
+    log = tmp_path_factory.mktemp("evaluator-process-log") / "server.log"
+    with (
+        run_service("evaluator", env=env, log_path=log, user=PROCESS_USER) as url,
+        httpx.Client(base_url=url, timeout=600) as http,
+    ):
+        assert http.get("/health").json()["details"]["isolation"] == "process"
+        yield http
 
 
 @pytest.fixture(params=["strict", "process"])
