@@ -45,38 +45,35 @@ if OPENED:
 """,
 )
 
-# Kills every other process of its uid but the service once its timing has begun (the reference's timer among
-# them), then answers wrong: never `evaluator_error`, which carries no penalty.
-KILLS_ITS_TIMER = sources.candidate(
-    """
-CALLS.append(1)
-if len(CALLS) == 4:
+# Defines `signal_the_others(signum)`: signal every other process of the job's uid but the service.
+SIGNALS_THE_OTHERS = """
+import os, signal
+
+def signal_the_others(signum):
     for name in os.listdir("/proc"):
         if name.isdigit() and int(name) not in (os.getpid(), os.getppid()):
             try:
                 if os.stat(f"/proc/{name}").st_uid == os.getuid():
-                    os.kill(int(name), signal.SIGKILL)
+                    os.kill(int(name), signum)
             except OSError:
                 pass
+"""
+
+# Kills them once its timing has begun (the reference's timer among them), then answers wrong: never
+# `evaluator_error`, which carries no penalty.
+KILLS_ITS_TIMER = sources.candidate(
+    """
+CALLS.append(1)
+if len(CALLS) == 4:
+    signal_the_others(signal.SIGKILL)
 return x.clamp_min(0) * self.scale if len(CALLS) < 4 else torch.zeros_like(x)
 """,
-    prelude="import os, signal\nCALLS = []",
+    prelude=SIGNALS_THE_OTHERS + "CALLS = []",
 )
 
-
-# Stops every other process of its uid but the service (the idle workers later evaluations take), at import.
+# Stops them at import (the idle workers later evaluations take).
 STOPS_THE_IDLE_WORKERS = sources.candidate(
-    "return x.clamp_min(0) * self.scale",
-    prelude="""
-import os, signal
-for name in os.listdir("/proc"):
-    if name.isdigit() and int(name) not in (os.getpid(), os.getppid()):
-        try:
-            if os.stat(f"/proc/{name}").st_uid == os.getuid():
-                os.kill(int(name), signal.SIGSTOP)
-        except OSError:
-            pass
-""",
+    "return x.clamp_min(0) * self.scale", prelude=SIGNALS_THE_OTHERS + "signal_the_others(signal.SIGSTOP)"
 )
 
 

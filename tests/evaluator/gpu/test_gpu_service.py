@@ -12,6 +12,7 @@ import importlib.util
 import re
 import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -126,17 +127,23 @@ class ModelNew(torch.nn.Module):
 """
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> str:
+def _served(tmp_path_factory: pytest.TempPathFactory, **settings: str) -> Iterator[str]:
+    """A CUDA evaluator with 2 workers and 2 builders, a cache of its own and `settings` (EVALUATOR_*)."""
     cache = tmp_path_factory.mktemp("evaluator-cache")
     env = {
         "PYTHONPATH": python_path(),
         "EVALUATOR_CACHE_DIR": str(cache),
         "EVALUATOR_WORKERS": "2",
         "EVALUATOR_BUILD_WORKERS": "2",
+        **{f"EVALUATOR_{name.upper()}": value for name, value in settings.items()},
     }
     with run_service("evaluator", env=env, log_path=cache / "service.log", timeout_s=300) as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from _served(tmp_path_factory)
 
 
 def evaluate(url: str, candidate: str, **overrides: object) -> dict:
@@ -245,24 +252,16 @@ def test_the_service_knows_how_much_of_the_gpu_evaluations_may_reserve(service: 
     assert memory["reserved"] == 0 and not memory["exclusive"], memory
 
 
-# Evaluations of REFERENCE (16 MiB in, 16 MiB out) need 3.6 GiB (a timed block of 24 calls holds 0.8 GiB): one fits in 5,000 MiB, two do not.
+# Evaluations of REFERENCE (16 MiB in, 16 MiB out) need 3.6 GiB (a timed block of 24 calls holds 0.8 GiB): one fits
+# in 5,000 MiB, two do not.
 ADMITTED_MB = 5000
 # 1 GiB in and out (and a signed copy of the input): its run peaks above what the whole admission allows.
 LARGE_REFERENCE = REFERENCE.replace("torch.rand(2048, 2048)", "torch.rand(1 << 28)")
 
 
 @pytest.fixture(scope="module")
-def admitted_service(tmp_path_factory: pytest.TempPathFactory) -> str:
-    cache = tmp_path_factory.mktemp("evaluator-admitted-cache")
-    env = {
-        "PYTHONPATH": python_path(),
-        "EVALUATOR_CACHE_DIR": str(cache),
-        "EVALUATOR_WORKERS": "2",
-        "EVALUATOR_BUILD_WORKERS": "2",
-        "EVALUATOR_DEVICE_MEMORY_MB": str(ADMITTED_MB),
-    }
-    with run_service("evaluator", env=env, log_path=cache / "service.log", timeout_s=300) as url:
-        yield url
+def admitted_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from _served(tmp_path_factory, device_memory_mb=str(ADMITTED_MB))
 
 
 def test_evaluations_that_do_not_fit_together_wait_for_each_other(admitted_service: str) -> None:
