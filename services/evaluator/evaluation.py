@@ -466,13 +466,16 @@ class Judge:
         # Workers the judge keeps stopped between two commands of a timed block (see _command): the pids it
         # stopped and their CPU clocks then, by the worker's pid.
         self.held: dict[int, tuple[list[int], dict[int, float]]] = {}
+        # The reference's timer: taken and sent its job, its model built on the host, ready to time.
+        self.launched: Worker | None = None
+        self.built = False
         self.timer: Worker | None = None
         # The timer's `ready_to_time` event (the bandwidth its process measured on the GPU).
         self.ready: dict[str, Any] = {}
         self.drawn = reference.data_path == "drawn"
         # Input files the service hands to each worker: none on the `drawn` data path, where workers draw them.
         self.handed_over = range(0) if self.drawn else range(self.trials)
-        # Where the reference's timer is kept until the candidate's worker is done (see _start_timer).
+        # Where the reference's timer is kept until the candidate's worker is done (see _launch_timer).
         self.workers = contextlib.AsyncExitStack()
 
     @property
@@ -503,6 +506,8 @@ class Judge:
                 {"role": "candidate", "candidate_source": self.request.candidate_source, "seed": self.seed,
                  "trials": self.trials, "reference_source": self.request.reference_source}
             )  # fmt: skip
+            if self.gpu is not None:
+                await self._launch_timer()
             try:
                 await self._correctness(candidate, job_sent_at)
                 if self._should_time():
@@ -594,6 +599,9 @@ class Judge:
             ("expected", "correctness", "compare", "compare_save", "compare_copy", "compare_check"), 0.0
         )
         try:
+            started = time.monotonic()
+            await self._timer_built()
+            phases["expected"] += time.monotonic() - started
             async with self._device():
                 started = time.monotonic()
                 timer = await self._start_timer()
@@ -641,27 +649,52 @@ class Judge:
             raise CandidateFailure
         state.replaced |= _names(written.get("replaced"))
 
+    async def _launch_timer(self) -> Worker:
+        """Take the reference's timer, a worker of the reference alone that no candidate can reach, and send it its
+        job: it builds the reference's model on the host (seconds for a level-3 model) while the judge goes on. On a
+        GPU that is as soon as the candidate's job is sent, so that the two builds overlap; on a CPU when the timer
+        is first needed. It lives until the candidate's worker is done."""
+        if self.launched is None:
+            timer = await self.workers.enter_async_context(self.pool.worker(self.device, self.gpu))
+            await asyncio.to_thread(_hand_over, timer, self.reference, self.handed_over)
+            await timer.send({"role": "timer", "reference_source": self.request.reference_source, "seed": self.seed})
+            self.launched = timer
+        return self.launched
+
+    async def _timer_built(self) -> Worker:
+        """The launched timer once its model is built on the host: awaited before the GPU is taken, so that no
+        other evaluation waits for it."""
+        timer = await self._launch_timer()
+        if self.timer is None and not self.built:
+            built = await timer.expect({"model_built", "error"}, self.deadline)
+            self._timer_answered(built, "the reference timer did not build its model")
+            self.built = True
+        return timer
+
     async def _start_timer(self) -> Worker:
-        """The reference's timer: a worker of the reference alone, which no candidate can reach. Started once per
-        evaluation, with the GPU held (it measures the device's bandwidth): on the `drawn` data path for the
-        correctness trials (it keeps their expected outputs) and the timing after them, on `files` for the timing.
-        It lives until the candidate's worker is done."""
+        """The timer ready to time: its model moved to the device, with the GPU held (it measures the device's
+        bandwidth). On the `drawn` data path before the correctness trials (it keeps their expected outputs), on
+        `files` before the timing."""
         if self.timer is not None:
             return self.timer
-        timer = await self.workers.enter_async_context(self.pool.worker(self.device, self.gpu))
-        await asyncio.to_thread(_hand_over, timer, self.reference, self.handed_over)
-        await timer.send({"role": "timer", "reference_source": self.request.reference_source, "seed": self.seed})
+        timer = await self._timer_built()
+        await timer.send({"op": "start"})
         ready = await timer.expect({"ready_to_time", "error"}, self.deadline)
-        if ready is None and time.monotonic() >= self.deadline:
-            # The candidate's time ran out, which it can make happen while the timer starts (its import slept up to
-            # the deadline): its own `timeout`, never an evaluator_error it chose.
-            raise CandidateFailure
-        if ready is None:
-            self._timer_lost("the reference timer did not start")
-        if ready["event"] != "ready_to_time":
-            raise EvaluatorFailure(f"the reference could not be timed: {ready.get('message')}")
+        self._timer_answered(ready, "the reference timer did not start")
+        assert ready is not None
         self.timer, self.ready = timer, ready
         return timer
+
+    def _timer_answered(self, event: dict[str, Any] | None, silent: str) -> None:
+        """Raise unless the timer's `event` is the one awaited: its error is the evaluator's failure; silence is
+        the candidate's timeout where its time ran out (it can make that happen while the timer starts: its import
+        slept up to the deadline), else _timer_lost."""
+        if event is None and time.monotonic() >= self.deadline:
+            raise CandidateFailure
+        if event is None:
+            self._timer_lost(silent)
+        if event["event"] == "error":
+            raise EvaluatorFailure(f"the reference could not be timed: {event.get('message')}")
 
     def _timer_lost(self, what: str) -> NoReturn:
         """The reference's timer died or its directory was changed, with no error of its own. In strict isolation
@@ -784,6 +817,7 @@ class Judge:
     async def _time_against_reference(self, candidate: Worker) -> None:
         timing_started = time.monotonic()
         self.run_state.timing_started = True
+        await self._timer_built()
         async with self._device():
             timer = await self._start_timer()
             self.pair = [candidate, timer]

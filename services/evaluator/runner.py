@@ -405,7 +405,12 @@ def run_timer(context: WorkerContext, job: dict[str, Any]) -> None:
     seed_everything(job["seed"])
     init_inputs = list(module.get_init_inputs())
     seed_everything(job["seed"])
-    model = module.Model(*init_inputs).to(context.backend.device_string())
+    model = module.Model(*init_inputs)
+    # Built on the host while the candidate may still be building; the judge says when the GPU is its to use.
+    context.emit("model_built")
+    if context.command().get("op") != "start":
+        return
+    model = model.to(context.backend.device_string())
     fields: dict[str, Any] = {}
     if context.backend.name == "cuda":
         fields["bandwidth_gbs"] = gpu_checks.measure_bandwidth_gbs(context.backend.device_string())
