@@ -111,6 +111,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 unreadable,
                 "strict isolation needs CAP_SYS_PTRACE for it" if strict else "the kernel's Yama setting forbids it",
             )
+        if not strict:
+            log.warning(
+                "process isolation: every job runs under this service's uid and can signal, stop or break the other "
+                "evaluations' workers; do not train a policy against this service (docs/evaluator.md, Isolation)"
+            )
         pool = WorkerPool(settings, strict=strict, memory_readable=not unreadable)
         app.state.evaluator = Evaluator(settings, pool, metrics)
         app.state.jobs = JobStore(settings.max_jobs_stored)

@@ -694,13 +694,15 @@ class Judge:
         if event is None:
             self._timer_lost(silent)
         if event["event"] == "error":
-            raise EvaluatorFailure(f"the reference could not be timed: {event.get('message')}")
+            self._timer_lost(f"the reference timer failed: {str(event.get('message'))[-2000:]}")
 
     def _timer_lost(self, what: str) -> NoReturn:
-        """The reference's timer died or its directory was changed, with no error of its own. In strict isolation
-        no job can reach it: the evaluator's failure. In process isolation every job runs under the service's uid
-        and can signal the timer or write its files: the candidate's (`result_tampering`), so that no candidate
-        chooses `evaluator_error` by killing its own timer (a red-team candidate did, with a wrong answer)."""
+        """The reference's timer failed: it raised, died, or its directory was changed. In strict isolation no job
+        can reach it: the evaluator's failure. In process isolation every job runs under the service's uid and can
+        signal the timer or write its files: the candidate's (`result_tampering`), so that no candidate chooses
+        `evaluator_error` (red-team candidates with wrong answers killed their timer, sent it SIGINT, and planted a
+        directory where it writes the reference's source). The price, in that isolation only: a job that breaks
+        another evaluation's timer gets that evaluation rejected (docs/evaluator.md, Not covered)."""
         if self.pool.strict:
             raise EvaluatorFailure(f"the reference could not be timed: {what}")
         self.run_state.flags["result_tampering"] = f"{what} (in process isolation any job can reach it)"
@@ -1096,7 +1098,7 @@ class Judge:
         if worker is self.timer and event is None:
             self._timer_lost("the reference timer stopped answering")
         if worker is self.timer and event is not None and event["event"] == "error":
-            raise EvaluatorFailure(f"the reference could not be timed: {event.get('message')}")
+            self._timer_lost(f"the reference timer failed: {str(event.get('message'))[-2000:]}")
         if event is None or event["event"] == "error":
             raise CandidateFailure
         if event.get("nonce") != nonce:

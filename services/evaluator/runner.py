@@ -27,6 +27,7 @@ import io
 import json
 import os
 import random
+import signal
 import sys
 import time
 import traceback
@@ -289,6 +290,7 @@ def _load_inputs(path: Path) -> list[Any]:
 def run_candidate(context: WorkerContext, job: dict[str, Any]) -> None:
     """Build ModelNew, write its outputs on the correctness inputs when told to, then serve timing commands."""
     sandbox.judge_may_read()
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the candidate's process behaves as any Python's
     # The reference's source only draws the timed calls' inputs here; the reference model is timed elsewhere.
     inputs_module = load_source("kernel_inputs", job["reference_source"], context.home / "reference.py")
     get_inputs = _drawn_as_the_reference_draws(inputs_module.get_inputs)

@@ -11,7 +11,7 @@ with the child's status (or dies by the same signal). The child is pid 1 of the 
 the worker. Both have PR_SET_PDEATHSIG=SIGKILL, so SIGKILL on the relay (the service's `kill_all`, or the
 service dying) kills the worker, and when the worker (pid 1) dies the kernel kills every process of its
 namespace: nothing a job starts, `setsid` daemons included, outlives it. pid 1 only gets signals it has a
-handler for, SIGKILL from outside excepted: SIGINT keeps Python's handler (KeyboardInterrupt), and SIGTERM,
+handler for, SIGKILL from outside excepted: SIGINT is ignored (a candidate's worker gets Python's handler back), and SIGTERM,
 SIGHUP, SIGALRM, SIGUSR1 and SIGUSR2 get one that exits with 128 + the signal number. A worker's own abort()
 therefore ends in glibc's fallback, a SIGSEGV, instead of SIGABRT; faults (SIGSEGV, SIGBUS, SIGILL, SIGFPE)
 kill pid 1 as they kill any process.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import traceback
 from typing import Any
@@ -38,6 +39,10 @@ def main() -> None:
     parser.add_argument("--cache-dir", required=True)
     args = parser.parse_args()
     sandbox.enter(sandbox.SandboxSpec.from_arg(args.spec))
+    # Ignored until the worker becomes a candidate (runner.run_candidate): in process isolation any job may send
+    # it, and Python would raise KeyboardInterrupt whenever the worker next ran, in the reference's run or timer
+    # of another evaluation (a red-team job broke its own timer this way, and the next evaluation's reference).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     events = Events(args.events_fd)
     try:
         # Imported only now: torch and the candidate-facing code load under the sandbox's limits.

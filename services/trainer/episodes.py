@@ -82,6 +82,13 @@ def check_services(
                 continue
             if health.status != "ok":
                 log.warning("the %s at %s reports %s: %s", service, url, health.status, health.details)
+            if service == "evaluator" and health.details.get("isolation") == "process":
+                # A policy learns whatever the reward lets it: there, one job can break another's evaluation.
+                log.warning(
+                    "the evaluator at %s runs `process` isolation: its jobs can reach each other (docs/evaluator.md, "
+                    "Isolation); train against `strict` (docker compose, or the service as root)",
+                    url,
+                )
             answers[url] = health
     if failures:
         raise ServicesUnavailable("; ".join(failures))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import secrets
@@ -75,33 +76,43 @@ def client(evaluator_url: str) -> Iterator[httpx.Client]:
         yield http
 
 
-@pytest.fixture(scope="session")
-def process_home() -> Iterator[Path]:
-    """Home, cache and work directory of the `process`-isolation server."""
+@contextlib.contextmanager
+def process_server(log: Path) -> Iterator[tuple[httpx.Client, Path]]:
+    """A server in `process` isolation: one unprivileged uid for the service and its jobs (as root, the tests start
+    it as PROCESS_USER), with a home, cache and work directory of its own (yielded with the client)."""
     home = Path(tempfile.mkdtemp(prefix="ka-process-isolation-"))
     try:
-        yield home
+        home.chmod(0o755)
+        if os.geteuid() == 0:
+            user = pwd.getpwnam(PROCESS_USER)
+            os.chown(home, user.pw_uid, user.pw_gid)
+        env = server_env(home / "cache", HOME=str(home), EVALUATOR_ISOLATION="process", EVALUATOR_WORK_DIR=str(home))
+        with (
+            run_service("evaluator", env=env, log_path=log, user=PROCESS_USER) as url,
+            httpx.Client(base_url=url, timeout=600) as http,
+        ):
+            assert http.get("/health").json()["details"]["isolation"] == "process"
+            yield http, home
     finally:
         shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
-def process_client(process_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
-    """A second server, in `process` isolation: one unprivileged uid for the service and its jobs (as root, the
-    tests start it as PROCESS_USER), with a cache and work directory of its own."""
-    home = process_home
-    home.chmod(0o755)
-    if os.geteuid() == 0:
-        user = pwd.getpwnam(PROCESS_USER)
-        os.chown(home, user.pw_uid, user.pw_gid)
-    env = server_env(home / "cache", HOME=str(home), EVALUATOR_ISOLATION="process", EVALUATOR_WORK_DIR=str(home))
-    log = tmp_path_factory.mktemp("evaluator-process-log") / "server.log"
-    with (
-        run_service("evaluator", env=env, log_path=log, user=PROCESS_USER) as url,
-        httpx.Client(base_url=url, timeout=600) as http,
-    ):
-        assert http.get("/health").json()["details"]["isolation"] == "process"
-        yield http
+def process_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[httpx.Client, Path]]:
+    with process_server(tmp_path_factory.mktemp("evaluator-process-log") / "server.log") as served:
+        yield served
+
+
+@pytest.fixture(scope="session")
+def process_client(process_served: tuple[httpx.Client, Path]) -> httpx.Client:
+    """The session's second server, in `process` isolation (process_server)."""
+    return process_served[0]
+
+
+@pytest.fixture(scope="session")
+def process_home(process_served: tuple[httpx.Client, Path]) -> Path:
+    """Home, cache and work directory of the session's `process`-isolation server."""
+    return process_served[1]
 
 
 @pytest.fixture(params=["strict", "process"])

@@ -8,9 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.evaluator import sources
-from tests.evaluator.conftest import evaluate
+from tests.evaluator.conftest import evaluate, process_server
 
 # Every other process of the job's uid that has run for a second (a worker just started is reachable until it
 # enters its sandbox: docs/evaluator.md, "Not covered"): its command pipe, opened through /proc.
@@ -59,17 +60,21 @@ def signal_the_others(signum):
                 pass
 """
 
-# Kills them once its timing has begun (the reference's timer among them), then answers wrong: never
-# `evaluator_error`, which carries no penalty.
-KILLS_ITS_TIMER = sources.candidate(
-    """
+
+def breaks_its_timer(signum: str) -> str:
+    """Sends `signum` to them once its timing has begun (the reference's timer among them: SIGKILL kills it, SIGINT
+    makes it raise KeyboardInterrupt and report an error of its own), then answers wrong: never `evaluator_error`,
+    which carries no penalty."""
+    return sources.candidate(
+        f"""
 CALLS.append(1)
 if len(CALLS) == 4:
-    signal_the_others(signal.SIGKILL)
+    signal_the_others(signal.{signum})
 return x.clamp_min(0) * self.scale if len(CALLS) < 4 else torch.zeros_like(x)
 """,
-    prelude=SIGNALS_THE_OTHERS + "CALLS = []",
-)
+        prelude=SIGNALS_THE_OTHERS + "CALLS = []",
+    )
+
 
 # Stops them at import (the idle workers later evaluations take).
 STOPS_THE_IDLE_WORKERS = sources.candidate(
@@ -82,14 +87,48 @@ def test_a_job_cannot_open_the_pipes_or_memory_of_other_workers(any_client: http
     assert result["status"] == "correct", result["message"]
 
 
-def test_a_job_that_kills_its_timer_gets_a_verdict_of_its_own(any_client: httpx.Client) -> None:
-    result = evaluate(any_client, KILLS_ITS_TIMER, correctness_trials=3)
-    if any_client.get("/health").json()["details"]["isolation"] == "process":
+@pytest.mark.parametrize("signum", ["SIGKILL", "SIGINT"])
+def test_a_job_that_breaks_its_timer_gets_a_verdict_of_its_own(any_client: httpx.Client, signum: str) -> None:
+    """SIGKILL in process isolation kills the timer: the candidate's `result_tampering`. SIGINT, which made the timer
+    raise KeyboardInterrupt (and the next evaluation's reference, in an idle worker), is ignored by every worker but
+    a candidate's. Strict isolation: no other worker is visible; the zeros are wrong."""
+    result = evaluate(any_client, breaks_its_timer(signum), correctness_trials=3)
+    if signum == "SIGKILL" and any_client.get("/health").json()["details"]["isolation"] == "process":
         assert result["status"] == "rejected" and "result_tampering" in result["flags"], result
         assert "any job can reach it" in result["message"], result["message"]
-    else:  # its own pid namespace: nothing to kill; its zeros are wrong
+    else:
         assert result["status"] in ("incorrect", "rejected"), result
-    assert evaluate(any_client, sources.CORRECT)["status"] == "correct"
+    after = evaluate(any_client, sources.CORRECT)
+    assert after["status"] == "correct", after["message"]
+
+
+# Makes a directory where each idle worker will write the reference's source: the one that becomes its timer
+# fails with an error of its own. It also breaks later evaluations on the server, so it gets a server of its own.
+PLANTS_IN_THE_IDLE_WORKERS = sources.candidate(
+    """
+CALLS.append(1)
+return x.clamp_min(0) * self.scale if len(CALLS) <= 2 else torch.zeros_like(x)
+""",
+    prelude="""
+import glob, os
+CALLS = []
+for home in glob.glob(os.path.join(os.path.dirname(os.path.dirname(os.getcwd())), "w*", "home")):
+    if home != os.getcwd():
+        try:
+            os.mkdir(os.path.join(home, "reference.py"))
+        except OSError:
+            pass
+""",
+)
+
+
+def test_a_timer_that_fails_with_an_error_in_process_isolation_is_the_candidates(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    with process_server(tmp_path_factory.mktemp("evaluator-planted") / "server.log") as (client, _):
+        result = evaluate(client, PLANTS_IN_THE_IDLE_WORKERS)
+    assert result["status"] == "rejected" and "result_tampering" in result["flags"], result
+    assert "IsADirectoryError" in result["message"] and "any job can reach it" in result["message"], result
 
 
 def test_process_isolation_removes_every_finished_workers_directory(
