@@ -686,9 +686,9 @@ class Judge:
         return timer
 
     def _timer_answered(self, event: dict[str, Any] | None, silent: str) -> None:
-        """Raise unless the timer's `event` is the one awaited: its error is the evaluator's failure; silence is
-        the candidate's timeout where its time ran out (it can make that happen while the timer starts: its import
-        slept up to the deadline), else _timer_lost."""
+        """Raise unless the timer's `event` is the one awaited: silence is the candidate's timeout where its time ran
+        out (it can make that happen while the timer starts: its import slept up to the deadline); silence otherwise,
+        or an error, is _timer_lost."""
         if event is None and time.monotonic() >= self.deadline:
             raise CandidateFailure
         if event is None:
@@ -1095,10 +1095,8 @@ class Judge:
             clocked_s = _cpu_used_s(cpu_before, cpu_after) / self.settings.threads_per_worker
         if event is None and time.monotonic() >= self.deadline:
             raise CandidateFailure  # the evaluation's time ran out (the verdict says so), whoever was running
-        if worker is self.timer and event is None:
-            self._timer_lost("the reference timer stopped answering")
-        if worker is self.timer and event is not None and event["event"] == "error":
-            self._timer_lost(f"the reference timer failed: {str(event.get('message'))[-2000:]}")
+        if worker is self.timer:
+            self._timer_answered(event, "the reference timer stopped answering")
         if event is None or event["event"] == "error":
             raise CandidateFailure
         if event.get("nonce") != nonce:
