@@ -269,9 +269,10 @@ def _drawn_as_the_reference_draws(get_inputs: Callable[[], Any]) -> Callable[[],
     dtype = _get_default_dtype()
 
     def draw() -> Any:
+        # Set and put back on every draw, changed or not: drawing costs both sides of a timing the same (the judge
+        # compares their drawing times: a candidate that had set its own dtype, alone paying for the swap, was
+        # `implausible_timing` in CI, 15.6 against 14.4 ms of drawing per block).
         candidate_dtype = _get_default_dtype()
-        if candidate_dtype is dtype:
-            return get_inputs()
         _set_default_dtype(dtype)
         try:
             return get_inputs()
