@@ -187,14 +187,16 @@ def _check_deadline(deadline: float | None) -> None:
         raise ComparisonTimeoutError(TIME_LIMIT_MESSAGE)
 
 
-def tensor_problem(what: str, value: torch.Tensor) -> str:
-    """Why a candidate tensor is not one our runner writes (plain, dense, CPU, non-overlapping), or ""."""
+def tensor_problem(what: str, value: torch.Tensor, device: str = "cpu") -> str:
+    """Why a candidate tensor is not one our runner writes (plain, dense, on `device`: the CPU but for a copy the
+    reference's timer made of a device handover, non-overlapping), or ""."""
     if type(value) is not torch.Tensor:
         return f"{what} is a {type(value).__name__}, expected a plain tensor"
     if value.layout != torch.strided or value.is_nested:
         return f"{what} has layout {value.layout}, expected a dense (strided) tensor"
-    if value.device.type != "cpu":
-        return f"{what} is on device {value.device}, expected cpu"
+    want = torch.device(device)
+    if value.device.type != want.type or want.index not in (None, value.device.index):
+        return f"{what} is on device {value.device}, expected {device}"
     if value.is_quantized:
         return f"{what} is quantized"
     if value.numel() * value.element_size() > value.untyped_storage().nbytes():
@@ -222,13 +224,14 @@ def _compare_tensor(
     rtol: float | None,
     errors: list[tuple[float, float]],
     deadline: float | None = None,
+    candidate_device: str = "cpu",
 ) -> str:
     """Reason output `index` is wrong, or empty; appends its (max abs, max rel) error to `errors`."""
     if expected is None:
         return "" if actual is None else f"output {index} is a {type(actual).__name__}, expected None"
     if not isinstance(actual, torch.Tensor):
         return f"output {index} is a {type(actual).__name__}, expected a tensor"
-    problem = tensor_problem(f"output {index}", actual)
+    problem = tensor_problem(f"output {index}", actual, candidate_device)
     if problem:
         return problem
     if actual.shape != expected.shape:
@@ -301,11 +304,14 @@ def compare_trial(
     errors: list[tuple[float, float]],
     *,
     deadline: float | None = None,
+    candidate_device: str = "cpu",
 ) -> tuple[str, bool]:
     """(reason the outputs are wrong or "", whether the candidate changed its inputs).
 
     `produced` is what the runner saved: {"outputs": ..., "inputs_after": [...]}. Anything else, or outputs the
     runner never writes, is a reason. Raises ComparisonTimeoutError once `deadline` (time.monotonic()) passes.
+    `candidate_device`: where the candidate's output tensors must be (the CPU, but for the reference's timer's copy
+    of an output handed over in device memory).
     """
     if type(produced) is not dict or set(produced) != {"outputs", "inputs_after"}:
         return "output file is malformed", False
@@ -332,7 +338,7 @@ def compare_trial(
         return f"returned {len(got)} outputs, expected {len(want)}", mutated
     for index, (w, g) in enumerate(zip(want, got, strict=True)):
         _check_deadline(deadline)
-        reason = _compare_tensor(index, w, g, atol, rtol, errors, deadline)
+        reason = _compare_tensor(index, w, g, atol, rtol, errors, deadline, candidate_device)
         if reason:
             return reason, mutated
     return "", mutated

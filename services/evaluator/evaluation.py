@@ -28,7 +28,15 @@ from typing import Any, NoReturn
 import torch
 from cachetools import LRUCache
 
-from services.evaluator import build_cache, gpu_checks, held_memory, output_digest, sandbox, split_build
+from services.evaluator import (
+    build_cache,
+    device_handover,
+    gpu_checks,
+    held_memory,
+    output_digest,
+    sandbox,
+    split_build,
+)
 from services.evaluator.backends import BACKENDS, get_backend, resolve_device
 from services.evaluator.compare import (
     TIME_LIMIT_MESSAGE,
@@ -455,6 +463,9 @@ class Judge:
         cpu = self.pool.timing_cpus.get(self.gpu) if self.gpu is not None else None
         self.pin: dict[str, int] = {"cpu": cpu} if cpu is not None else {}
         self.checks = 0
+        # The last save's nonce and, where the candidate handed its output over in device memory rather than in a
+        # file, the description its reply gave (device_handover).
+        self.saved: tuple[str, list[Any] | None] = ("", None)
         # Largest file saved for a check: a timed call's outputs are shaped as the correctness trials' are.
         largest = max(output_size_limit(expected, []) for expected in reference.expected)
         self.check_file_limit = min(self.settings.max_file_mb << 20, largest)
@@ -596,7 +607,8 @@ class Judge:
         mutated = False
         # `compare` is a trial's save, the copy of what it saved, and the timer's check (each a phase of its own).
         phases = dict.fromkeys(
-            ("expected", "correctness", "compare", "compare_save", "compare_copy", "compare_check"), 0.0
+            ("expected", "correctness", "compare", "compare_save", "compare_copy", "compare_handover", "compare_check"),
+            0.0,
         )
         try:
             started = time.monotonic()
@@ -1194,6 +1206,8 @@ class Judge:
             self.run_state.flags["result_tampering"] = "a save reply the judge did not ask for"
             raise CandidateFailure
         self.run_state.replaced |= _names(reply.get("replaced"))
+        handover = reply.get("handover")
+        self.saved = (nonce, handover if isinstance(handover, list) else None)
 
     async def _timer_check(
         self, candidate: Worker, call: int, commit: bool = True, parts: dict[str, float] | None = None
@@ -1205,28 +1219,37 @@ class Judge:
         an output, or could not be copied. `parts`: where the seconds of the copy and of the check are added."""
         assert self.timer is not None
         started = time.monotonic()
-        # The saved file goes to the timer as a copy in a directory only the service writes: the job owns its
-        # `checks` directory and could change its file while the timer reads it.
+        nonce, described = self.saved
         try:
-            await asyncio.to_thread(_hand_over_check, candidate, self.timer, self.checks, self.check_file_limit)
-        except (OSError, ValueError) as error:
+            if described is not None:
+                # Handed over in device memory: the descriptors go on to the timer, which copies what they map.
+                await asyncio.to_thread(_pass_handover, candidate, self.timer, self.checks, nonce, described)
+            else:
+                # The saved file goes to the timer as a copy in a directory only the service writes: the job owns
+                # its `checks` directory and could change its file while the timer reads it.
+                await asyncio.to_thread(_hand_over_check, candidate, self.timer, self.checks, self.check_file_limit)
+        except _TimerSocketError as error:
+            self._timer_lost(f"the reference timer's handover socket failed ({error})")
+        except (OSError, ValueError, device_handover.HandoverError) as error:
             disk_full = isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
             log.log(logging.WARNING if disk_full else logging.INFO, "check %d: refused: %s", self.checks, error)
             raise _SavedOutputRefusedError(DISK_FULL if disk_full else str(error), disk_full) from error
         command = {
             "op": "check", "call": call, "check": self.checks, "atol": self.request.atol, "rtol": self.request.rtol,
-            "seconds": max(0.0, self.deadline - time.monotonic()), "commit": commit,
+            "seconds": max(0.0, self.deadline - time.monotonic()), "commit": commit, "handover": described is not None,
         }  # fmt: skip
         copied = time.monotonic()
         try:
             found, _, _ = await self._command(self.timer, command, "checked")
         finally:
             try:
-                await asyncio.to_thread(_remove_check, self.timer, self.checks)
+                if described is None:
+                    await asyncio.to_thread(_remove_check, self.timer, self.checks)
             except OSError as error:
                 self._timer_lost(f"the reference timer's inputs directory was changed ({error})")
         if parts is not None:
-            parts["compare_copy"] = parts.get("compare_copy", 0.0) + copied - started
+            copy = "compare_handover" if described is not None else "compare_copy"
+            parts[copy] = parts.get(copy, 0.0) + copied - started
             parts["compare_check"] = parts.get("compare_check", 0.0) + time.monotonic() - copied
         return found
 
@@ -1551,6 +1574,29 @@ def _hand_over_check(candidate: Worker, timer: Worker, check: int, limit: int) -
     except OSError as error:
         _judge_side(error, "the output saved for a check could not be copied to the reference timer")
         raise
+
+
+class _TimerSocketError(OSError):
+    """The service could not send on the reference's timer's handover socket."""
+
+
+def _pass_handover(candidate: Worker, timer: Worker, check: int, nonce: str, described: list[Any]) -> None:
+    """Pass the device handover a candidate queued for the save with `nonce` on to the timer, for check `check`
+    (device_handover). HandoverError where the candidate's is not one (no message of that save, descriptors that are
+    not GPU allocations, or a description other than its reply's); _TimerSocketError where the timer's socket
+    failed."""
+    if candidate.handover is None or timer.handover is None:
+        raise device_handover.HandoverError("a handover from a worker without a handover socket")
+    header, fds = device_handover.receive_for(candidate.handover, nonce)
+    try:
+        if header.get("tensors") != described:
+            raise device_handover.HandoverError("a handover other than the one the save's reply described")
+        try:
+            device_handover.send(timer.handover, {"check": check, "tensors": described}, fds)
+        except OSError as error:
+            raise _TimerSocketError(str(error)) from error
+    finally:
+        device_handover.close_all(fds)
 
 
 def _remove_check(timer: Worker, check: int) -> None:

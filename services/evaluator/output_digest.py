@@ -144,14 +144,15 @@ def _sketch(layout: list[tuple[list[int], str]], roots: list[bytes]) -> str:
     return digest.hexdigest()
 
 
-def _raw(tensor: torch.Tensor) -> torch.Tensor:
-    """A tensor's raw bytes in its logical order."""
+def raw_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor's raw bytes in its logical order (complex values as real pairs, lazy negation and conjugation
+    resolved): what a sketch hashes, and what a check's device handover carries (device_handover)."""
     return _real(tensor).contiguous().reshape(-1).view(torch.uint8)
 
 
 def _tree_roots(tensors: list[torch.Tensor]) -> list[bytes]:
     """The root of the BLAKE2s tree over each tensor's raw bytes (tensors of one shape and dtype)."""
-    raws = [_raw(tensor) for tensor in tensors]
+    raws = [raw_bytes(tensor) for tensor in tensors]
     if raws[0].is_cuda:
         kernel = _chunk_hash_kernel()
         if kernel is not None:

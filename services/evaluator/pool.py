@@ -15,6 +15,7 @@ import math
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -101,6 +102,8 @@ class Worker:
     # isolation the job may write the directory the log is in, and put a FIFO there (an open of the path blocked
     # the service's event loop for good) or a link to any file the service may read (shown in the verdict).
     stdio: int = -1
+    # The service's end of the worker's handover socket, on a GPU (device_handover).
+    handover: socket.socket | None = None
 
     async def send(self, message: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
@@ -495,6 +498,11 @@ class WorkerPool:
         )
         threads = self.settings.threads_per_worker
         read_fd, write_fd = os.pipe()
+        # On a GPU, a socket for checked outputs handed over in device memory (device_handover).
+        handover, worker_end = (
+            socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) if device == "cuda" else (None, None)
+        )
+        handover_args = ["--handover-fd", str(worker_end.fileno())] if worker_end is not None else []
         with open(root / "stdio.log", "xb") as stdio:
             stdio_reader = os.open(root / "stdio.log", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
@@ -513,18 +521,26 @@ class WorkerPool:
                     str(threads),
                     "--cache-dir",
                     str(self.settings.cache_dir),
+                    *handover_args,
                     stdin=asyncio.subprocess.PIPE,
                     stdout=stdio,
                     stderr=stdio,
                     cwd=home,
-                    pass_fds=(write_fd,),
+                    pass_fds=(write_fd,) if worker_end is None else (write_fd, worker_end.fileno()),
                     env=self._child_env(home, gpu, threads),
                     start_new_session=True,
                 )
             except BaseException:
                 os.close(stdio_reader)
+                if handover is not None:
+                    handover.close()
                 raise
+            finally:
+                if worker_end is not None:
+                    worker_end.close()
         os.close(write_fd)
+        if handover is not None:
+            handover.setblocking(False)
         if os.geteuid() == 0:
             # Idle workers start (import torch) behind the evaluations that run: only root can undo a nice value,
             # which _take does when the worker gets a job.
@@ -540,6 +556,7 @@ class WorkerPool:
             signaller=self.signaller,
             cgroup=cgroup,
             stdio=stdio_reader,
+            handover=handover,
         )
         loop = asyncio.get_running_loop()
         stream = asyncio.StreamReader(limit=MAX_EVENT_BYTES, loop=loop)
@@ -565,6 +582,8 @@ class WorkerPool:
             stdio, worker.stdio = worker.stdio, -1
             with contextlib.suppress(OSError):
                 os.close(stdio)
+            if worker.handover is not None:
+                worker.handover.close()
             # Whatever failed above, the job's cgroup and uid go back: a lease lost per failure ends the pool.
             if worker.cgroup is not None and self.cgroups is not None:
                 await asyncio.to_thread(self.cgroups.release, worker.cgroup)

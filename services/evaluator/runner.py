@@ -28,11 +28,12 @@ import json
 import os
 import random
 import signal
+import socket
 import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import IO, Any
@@ -40,7 +41,16 @@ from typing import IO, Any
 import torch
 import torch.utils.cpp_extension  # noqa: F401 - imported before candidate code, so build_cache can wrap it
 
-from services.evaluator import build_cache, compare, gpu_checks, held_memory, output_digest, pch, sandbox
+from services.evaluator import (
+    build_cache,
+    compare,
+    device_handover,
+    gpu_checks,
+    held_memory,
+    output_digest,
+    pch,
+    sandbox,
+)
 from services.evaluator.backends import KernelBackend, get_backend, triton_support
 from services.evaluator.guards import Guard
 
@@ -74,10 +84,19 @@ class WorkerContext:
     cpu: int | None = None
     # The size of the worker's GPU (0 on a CPU): what the service admits evaluations to (device_memory).
     device_memory_bytes: int = 0
+    # On a GPU, the socket a checked output's device memory goes over (device_handover), and what was last exported.
+    handover: socket.socket | None = None
+    exports: device_handover.Exports = field(default_factory=device_handover.Exports)
 
     @classmethod
     def start(
-        cls, device: str, threads: int, cache_dir: str, emit: Callable[..., None], control: IO[str]
+        cls,
+        device: str,
+        threads: int,
+        cache_dir: str,
+        emit: Callable[..., None],
+        control: IO[str],
+        handover_fd: int | None = None,
     ) -> WorkerContext:
         _set_num_threads(threads)
         # Files a worker saves carry no zip CRC-32s: computing them took 1.1 s of the 1.4 s a 512 MiB output's save
@@ -105,6 +124,7 @@ class WorkerContext:
         return cls(
             backend, Path.cwd(), Path(cache_dir), threads, emit, control, device_hash_unavailable,
             device_memory_bytes=device_memory_bytes,
+            handover=socket.socket(fileno=handover_fd) if handover_fd is not None else None,
         )  # fmt: skip
 
     def command(self) -> dict[str, Any]:
@@ -359,8 +379,8 @@ def _run_trials(
                 context.emit("trial", nonce=command.get("nonce"), inputs_sketch=_inputs_sketch(args))
                 del args
             elif op == "save" and outputs is not None:
-                _save_for_check(context, to_plain(outputs), command)
-                context.emit("saved", nonce=command.get("nonce"), replaced=_replaced(guard))
+                handover = _save_for_check(context, outputs, command, exact=False)
+                context.emit("saved", nonce=command.get("nonce"), replaced=_replaced(guard), handover=handover)
             elif op == "trials_done":
                 return True
             else:
@@ -391,11 +411,26 @@ def _inputs_sketch(args: list[Any]) -> str:
     return output_digest.output_sketch([value for value in args if isinstance(value, torch.Tensor)])
 
 
-def _save_for_check(context: WorkerContext, produced: Any, command: dict[str, Any]) -> None:
-    """Write an output the judge will have the reference's timer check, in `checks/<check>/0.pt`."""
+def _save_for_check(context: WorkerContext, output: Any, command: dict[str, Any], exact: bool) -> list[Any] | None:
+    """Hand over an output the judge will have the reference's timer check: on a GPU its tensors' bytes in device
+    memory sent on the handover socket (device_handover), described in the returned list; otherwise, or where this
+    GPU cannot export them, written to `checks/<check>/0.pt` (None). `exact`: as to_plain's."""
+    tensors = device_handover.handover_tensors(output) if context.handover is not None else None
+    if tensors is not None and context.handover is not None:
+        try:
+            described, fds = device_handover.export(tensors, context.exports)
+        except device_handover.HandoverError:
+            pass  # a GPU or driver without POSIX-descriptor allocations: the file, as before
+        else:
+            try:
+                device_handover.send(context.handover, {"nonce": command["nonce"], "tensors": described}, fds)
+            finally:
+                device_handover.close_all(fds)
+            return described
     check_dir = context.home / "checks" / str(int(command["check"]))
     check_dir.mkdir(parents=True)
-    _save({"outputs": produced, "inputs_after": []}, check_dir / "0.pt")
+    _save({"outputs": to_plain(output, exact=exact), "inputs_after": []}, check_dir / "0.pt")
+    return None
 
 
 def run_timer(context: WorkerContext, job: dict[str, Any]) -> None:
@@ -558,11 +593,11 @@ def serve_timing(
         elif op == "save":
             try:
                 replaced = _replaced(guard)
-                _save_for_check(context, to_plain(outputs[int(command["call"])], exact=True), command)
+                handover = _save_for_check(context, outputs[int(command["call"])], command, exact=True)
             except BaseException:
                 context.emit("error", stage="timing", message=traceback.format_exc())
                 return
-            context.emit("saved", nonce=command["nonce"], replaced=replaced)
+            context.emit("saved", nonce=command["nonce"], replaced=replaced, handover=handover)
         elif op == "check" and checks_candidate:
             try:
                 with _no_grad():
@@ -606,12 +641,20 @@ def check_saved_output(context: WorkerContext, expected: Any, command: dict[str,
     deadline = time.monotonic() + float(command["seconds"])
     found: dict[str, Any] = {"reason": "", "commitment": None, "max_abs": None, "max_rel": None, "timed_out": False}
     want = compare.trusted_leaves(expected)
+    on_device = context.backend.device_string() if command.get("handover") else "cpu"
+    outputs: Any
     try:
-        produced = compare.load_file(context.home / "inputs" / f"check_{int(command['check'])}.pt")
-        outputs = produced["outputs"] if type(produced) is dict and "outputs" in produced else None
+        if command.get("handover"):
+            outputs = _handed_over(context, want, int(command["check"]), deadline)
+            produced = {"outputs": outputs, "inputs_after": []}
+        else:
+            produced = compare.load_file(context.home / "inputs" / f"check_{int(command['check'])}.pt")
+            outputs = produced["outputs"] if type(produced) is dict and "outputs" in produced else None
         leaves = compare.candidate_leaves(outputs, want)
-        problems = [compare.tensor_problem("output", leaf) for leaf in leaves if isinstance(leaf, torch.Tensor)]
-    except Exception as error:  # the candidate's file: its verdict, never this worker's failure
+        problems = [
+            compare.tensor_problem("output", leaf, on_device) for leaf in leaves if isinstance(leaf, torch.Tensor)
+        ]
+    except Exception as error:  # the candidate's file or handover: its verdict, never this worker's failure
         found["reason"] = f"unreadable output ({type(error).__name__}: {error})"[:500]
         return found
     # Hashed only if shaped as `expected` is: leaves that all view one large storage would otherwise have it all
@@ -626,8 +669,9 @@ def check_saved_output(context: WorkerContext, expected: Any, command: dict[str,
     errors: list[tuple[float, float]] = []
     try:
         reason, _ = compare.compare_trial(
-            expected, [], produced, command.get("atol"), command.get("rtol"), errors, deadline=deadline
-        )
+            expected, [], produced, command.get("atol"), command.get("rtol"), errors, deadline=deadline,
+            candidate_device=on_device,
+        )  # fmt: skip
     except compare.ComparisonTimeoutError:
         found["timed_out"] = True
         reason = compare.TIME_LIMIT_MESSAGE
@@ -637,6 +681,33 @@ def check_saved_output(context: WorkerContext, expected: Any, command: dict[str,
     if errors:
         found["max_abs"], found["max_rel"] = max(e[0] for e in errors), max(e[1] for e in errors)
     return found
+
+
+def _handed_over(context: WorkerContext, want: list[Any], check: int, deadline: float) -> list[torch.Tensor]:
+    """The output a candidate handed over in device memory for check `check`, as the service passed it on: a copy of
+    each tensor in this worker's memory, read as the reference's output of the same call is shaped (the candidate's
+    description must say so; nothing larger is mapped). HandoverError where it cannot be taken."""
+    assert context.handover is not None
+    for _ in range(device_handover.MAX_MESSAGES):  # a message of an earlier check this worker never took is dropped
+        header, fds = device_handover.receive(context.handover, deadline - time.monotonic())
+        try:
+            if header.get("check") != check:
+                continue
+            described = header.get("tensors")
+            if not (isinstance(described, list) and len(described) == len(fds)):
+                raise device_handover.HandoverError("a handover whose descriptors and description differ")
+            if len(described) != len(want) or not all(isinstance(leaf, torch.Tensor) for leaf in want):
+                raise device_handover.HandoverError(f"{len(described)} output tensors, expected {len(want)}")
+            for index, (item, leaf) in enumerate(zip(described, want, strict=True)):
+                layout = [list(leaf.shape), str(leaf.dtype).removeprefix("torch.")]
+                if not isinstance(item, dict) or [item.get("shape"), item.get("dtype")] != layout:
+                    raise device_handover.HandoverError(f"output {index} is not laid out as {layout}: {item!r}"[:300])
+            return [
+                device_handover.import_copy(fd, item, leaf) for fd, item, leaf in zip(fds, described, want, strict=True)
+            ]
+        finally:
+            device_handover.close_all(fds)
+    raise device_handover.HandoverError("no handover for this check")
 
 
 def _shaped_as(leaves: list[Any], expected: list[Any]) -> bool:

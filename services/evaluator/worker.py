@@ -37,6 +37,7 @@ def main() -> None:
     parser.add_argument("--device", required=True)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--cache-dir", required=True)
+    parser.add_argument("--handover-fd", type=int, help="socket for checked outputs in GPU memory (device_handover)")
     args = parser.parse_args()
     sandbox.enter(sandbox.SandboxSpec.from_arg(args.spec))
     # Ignored until the worker becomes a candidate (runner.run_candidate): in process isolation any job may send
@@ -48,7 +49,9 @@ def main() -> None:
         # Imported only now: torch and the candidate-facing code load under the sandbox's limits.
         from services.evaluator import runner
 
-        context = runner.WorkerContext.start(args.device, args.threads, args.cache_dir, events.emit, sys.stdin)
+        context = runner.WorkerContext.start(
+            args.device, args.threads, args.cache_dir, events.emit, sys.stdin, args.handover_fd
+        )
     except BaseException:
         events.emit("error", stage="startup", message=traceback.format_exc())
         os._exit(3)

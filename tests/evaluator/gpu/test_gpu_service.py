@@ -296,3 +296,12 @@ def test_a_problem_that_cannot_fit_is_refused_with_its_sizes(admitted_service: s
         result["message"]
     )
     assert f"may reserve {ADMITTED_MB / 1024:.1f} GiB" in result["message"], result["message"]
+
+
+def test_checked_outputs_reach_the_timer_in_device_memory(service: str) -> None:
+    """On a GPU every check's output goes from the candidate's worker to the reference's timer as an exported
+    allocation (device_handover), not as a saved file the service copies."""
+    result = evaluate(service, HONEST_CUDA)
+    assert result["status"] == "correct", result["message"]
+    phases = result["phases_s"]
+    assert phases["compare_handover"] > 0 and phases["compare_copy"] == 0, phases
