@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from services.evaluator import allowed_flags, cuda_headers, pch, split_build
+from services.evaluator.sandbox import tool_env
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +117,9 @@ def service_arch(device: str) -> str:
         return device_arch(device)
     code = "from services.evaluator.build_cache import device_arch; print(device_arch('cuda'))"
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120, cwd=_REPO_ROOT
-    )
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120, cwd=_REPO_ROOT,
+        env=tool_env(),
+    )  # fmt: skip
     return done.stdout.strip()
 
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from services.evaluator.sandbox import tool_env
+
 # Bytes read from the worker's memory at a time.
 READ_CHUNK = 16 << 20
 # No region reaches past this (a file offset is signed 64-bit: beyond it pread raises OverflowError).
@@ -78,8 +80,9 @@ def memory_unreadable_reason(uid: int | None) -> str:
         "time.sleep(60)\n"
     )
     child = subprocess.Popen(
-        [sys.executable, "-I", "-c", code, str(-1 if uid is None else uid)], stdout=subprocess.PIPE, cwd="/"
-    )
+        [sys.executable, "-I", "-c", code, str(-1 if uid is None else uid)], stdout=subprocess.PIPE, cwd="/",
+        env=tool_env(),
+    )  # fmt: skip
     try:
         assert child.stdout is not None
         address = int(child.stdout.readline() or b"-1")

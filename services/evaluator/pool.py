@@ -661,4 +661,5 @@ def _start_pch_build(cache_dir: Path) -> subprocess.Popen[bytes] | None:
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env=sandbox.tool_env(),
         )

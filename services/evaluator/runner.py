@@ -171,10 +171,12 @@ def seed_everything(seed: int) -> None:
 
 
 def load_source(name: str, source: str, path: Path) -> ModuleType:
-    """Import `source`, also written to `path` so that inspect (and Triton's jit) can read it back. The code run is
-    compiled from `source` itself, never read back from the file or a bytecode cache beside it: in process
+    """Import `source`, also written to `path` so that inspect (and Triton's jit) can read it back, where it can be
+    (a job may have filled the disk this worker's directory is on: the reference's timer still times). The code run
+    is compiled from `source` itself, never read back from the file or a bytecode cache beside it: in process
     isolation another job, under the same uid, can write into this worker's directory."""
-    path.write_text(source)
+    with contextlib.suppress(OSError):
+        path.write_text(source)
     spec = importlib.util.spec_from_loader(name, loader=None, origin=str(path))
     assert spec is not None
     module = importlib.util.module_from_spec(spec)

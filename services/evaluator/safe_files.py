@@ -18,6 +18,8 @@ import stat
 import subprocess
 from pathlib import Path
 
+from services.evaluator.sandbox import tool_env
+
 # Largest single read()/sendfile() call (Linux moves at most ~2 GiB per call anyway).
 CHUNK_BYTES = 1 << 30
 
@@ -181,5 +183,9 @@ def remove_tree(path: Path) -> None:
     empty one that is read-only, such as the inputs directory it handed over (0555), which was left behind with every
     input set in it."""
     if os.geteuid() != 0:
-        subprocess.run(["chmod", "-R", "u+rwx", "--", str(path)], check=False, stderr=subprocess.DEVNULL)
-    subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], check=False, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            ["chmod", "-R", "u+rwx", "--", str(path)], check=False, stderr=subprocess.DEVNULL, env=tool_env()
+        )
+    subprocess.run(
+        ["rm", "-rf", "--one-file-system", "--", str(path)], check=False, stderr=subprocess.DEVNULL, env=tool_env()
+    )

@@ -162,16 +162,29 @@ def _check(result: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
+def _allowed(name: str) -> bool:
+    return (name in ENV_ALLOW or name.startswith(ENV_ALLOW_PREFIXES)) and not any(
+        word in name.upper() for word in ENV_DENY_WORDS
+    )
+
+
+def tool_env(source: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a program the service starts for itself (the removal of a job's directory, a start-up
+    probe, the PCH build): the allow-list of the service's own, minus secrets, with its home and import path. Such
+    a program is dumpable again once it has exec'd, whatever the service set for itself, so in `process` isolation
+    any job of the service's uid can read its /proc/<pid>/environ (a red-team job took the service's API key from an
+    `rm -rf` of another job's directory)."""
+    source = dict(os.environ if source is None else source)
+    env = {name: value for name, value in source.items() if _allowed(name)}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env.update({name: source[name] for name in ("HOME", "PYTHONPATH") if name in source})
+    return env
+
+
 def child_env(home: Path, build_jobs: int, threads: int, source: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a worker: an allow-list of the service's, minus secrets, plus private paths."""
     source = dict(os.environ if source is None else source)
-    env = {
-        name: value
-        for name, value in source.items()
-        if (name in ENV_ALLOW or name.startswith(ENV_ALLOW_PREFIXES))
-        and name not in ENV_OWN
-        and not any(word in name.upper() for word in ENV_DENY_WORDS)
-    }
+    env = {name: value for name, value in source.items() if _allowed(name) and name not in ENV_OWN}
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     env.update(
         {
@@ -725,6 +738,7 @@ class UidSignaller:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
+            env=tool_env(),
             # Out of the service's process group: a Ctrl-C or a group-wide SIGTERM that stops the service must not
             # end the helper first, while evaluations still stop and kill their jobs through it (each then ended
             # evaluator_error with a traceback). It exits at EOF, whenever the service is gone.

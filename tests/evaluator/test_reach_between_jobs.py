@@ -5,13 +5,17 @@ nothing from a file a job could change, and whatever a job does to the timer is 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import tempfile
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.evaluator import sources
-from tests.evaluator.conftest import evaluate, process_server
+from tests.evaluator.conftest import FAKE_API_KEY, evaluate, process_server, server_env
+from tests.servers import run_service
 
 # Every other process of the job's uid that has run for a second (a worker just started is reachable until it
 # enters its sandbox: docs/evaluator.md, "Not covered"): its command pipe, opened through /proc.
@@ -82,6 +86,61 @@ STOPS_THE_IDLE_WORKERS = sources.candidate(
 )
 
 
+# Kills the idle workers at import, so that the service removes their directories (its
+# own `chmod -R` and `rm -rf`) while the job watches, and reads the environment of every new process it can see: a
+# red-team job found the service's API key in the environment of those children, which are dumpable again once they
+# exec. It raises with what it found.
+READS_THE_SERVICE_S_CHILDREN = sources.candidate(
+    """
+CALLS.append(1)
+if len(CALLS) == 3:  # the first call after correctness: the judge has just taken the timer, removing the dead
+    for _ in range(300):
+        if FOUND:
+            break
+        time.sleep(0.01)
+if FOUND:
+    raise RuntimeError(f"STOLEN {FOUND}")
+return x.clamp_min(0) * self.scale
+""",
+    prelude="""
+import os, signal, threading, time
+CALLS, FOUND = [], []
+
+def _kill_idle_workers():
+    for name in os.listdir("/proc"):
+        try:
+            if name.isdigit() and int(name) != os.getpid():
+                if b"services.evaluator.worker" in open(f"/proc/{name}/cmdline", "rb").read():
+                    os.kill(int(name), signal.SIGKILL)
+        except OSError:
+            pass
+
+def _read_environments():
+    seen, end = set(), time.time() + 60
+    while time.time() < end and not FOUND:
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or name in seen:
+                continue
+            try:
+                environ = open(f"/proc/{name}/environ", "rb").read()
+            except OSError:
+                continue
+            seen.add(name)
+            FOUND.extend(item.decode() for item in environ.split(b"\\0") if b"_KEY=" in item)
+        seen = {name for name in seen if os.path.exists(f"/proc/{name}")}
+
+_kill_idle_workers()
+threading.Thread(target=_read_environments, daemon=True).start()
+""",
+)
+
+
+def test_a_job_cannot_read_the_secrets_of_the_processes_the_service_starts(any_client: httpx.Client) -> None:
+    result = evaluate(any_client, READS_THE_SERVICE_S_CHILDREN)
+    assert FAKE_API_KEY not in result["message"] and "STOLEN" not in result["message"], result["message"]
+    assert result["status"] != "evaluator_error", result["message"]
+
+
 def test_a_job_cannot_open_the_pipes_or_memory_of_other_workers(any_client: httpx.Client) -> None:
     result = evaluate(any_client, OPENS_OTHER_WORKERS_PIPES)
     assert result["status"] == "correct", result["message"]
@@ -94,7 +153,7 @@ def test_a_job_that_breaks_its_timer_gets_a_verdict_of_its_own(any_client: httpx
     a candidate's. Strict isolation: no other worker is visible; the zeros are wrong."""
     result = evaluate(any_client, breaks_its_timer(signum), correctness_trials=3)
     if signum == "SIGKILL" and any_client.get("/health").json()["details"]["isolation"] == "process":
-        assert result["status"] == "rejected" and "result_tampering" in result["flags"], result
+        assert result["status"] == "rejected" and "result_tampering" in result["flags"], (result["status"], result["message"])
         assert "any job can reach it" in result["message"], result["message"]
     else:
         assert result["status"] in ("incorrect", "rejected"), result
@@ -102,8 +161,9 @@ def test_a_job_that_breaks_its_timer_gets_a_verdict_of_its_own(any_client: httpx
     assert after["status"] == "correct", after["message"]
 
 
-# Makes a directory where each idle worker will write the reference's source: the one that becomes its timer
-# fails with an error of its own. It also breaks later evaluations on the server, so it gets a server of its own.
+# Makes a directory where each idle worker will write the reference's source (the one that becomes its timer then
+# failed with an error of its own, when that write was not optional). It also touches later evaluations on the
+# server, so it gets a server of its own.
 PLANTS_IN_THE_IDLE_WORKERS = sources.candidate(
     """
 CALLS.append(1)
@@ -122,13 +182,94 @@ for home in glob.glob(os.path.join(os.path.dirname(os.path.dirname(os.getcwd()))
 )
 
 
-def test_a_timer_that_fails_with_an_error_in_process_isolation_is_the_candidates(
+def test_a_planted_directory_where_the_timer_writes_the_reference_s_source_changes_nothing(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
+    """The file is only for inspect to read back: the timer times without it, and the zeros are the candidate's."""
     with process_server(tmp_path_factory.mktemp("evaluator-planted") / "server.log") as (client, _):
         result = evaluate(client, PLANTS_IN_THE_IDLE_WORKERS)
-    assert result["status"] == "rejected" and "result_tampering" in result["flags"], result
-    assert "IsADirectoryError" in result["message"] and "any job can reach it" in result["message"], result
+    assert result["status"] in ("incorrect", "rejected") and "result_tampering" not in result["flags"], result
+
+
+# Kills every other worker of its uid, over and over, from a thread started at import; its answers are right. In
+# process isolation the reference's timer is taken only when timing starts (`files` path): every worker the pool
+# starts for it is killed before it is ready.
+KILLS_EVERY_STARTING_WORKER = sources.candidate(
+    "return x.clamp_min(0) * self.scale",
+    prelude="""
+import os, signal, threading, time
+
+def _kill_workers():
+    while True:
+        for name in os.listdir("/proc"):
+            if name.isdigit() and int(name) != os.getpid():
+                try:
+                    if b"services.evaluator.worker" in open(f"/proc/{name}/cmdline", "rb").read():
+                        os.kill(int(name), signal.SIGKILL)
+                except OSError:
+                    pass
+        time.sleep(0.002)
+
+threading.Thread(target=_kill_workers, daemon=True).start()
+""",
+)
+
+
+def test_a_timer_killed_as_it_starts_in_process_isolation_is_the_candidates(process_client: httpx.Client) -> None:
+    """A red-team job got `evaluator_error` (no penalty) this way: the timer's start failing was the service's."""
+    result = evaluate(process_client, KILLS_EVERY_STARTING_WORKER)
+    assert result["status"] == "rejected" and "result_tampering" in result["flags"], (result["status"], result["message"])
+    assert "did not start" in result["message"], result["message"]
+    assert evaluate(process_client, sources.CORRECT)["status"] == "correct"
+
+
+# Fills the filesystem its home is on at import (files of at most 64 MiB each, under the file size limit), then
+# answers wrong.
+FILLS_THE_DISK = sources.candidate(
+    "return torch.zeros_like(x)",
+    prelude="""
+import itertools, os
+
+def _fill():
+    block = bytes(1 << 20)
+    for index in itertools.count():
+        try:
+            with open(f"ballast_{index}", "wb") as ballast:
+                for _ in range(64):
+                    ballast.write(block)
+        except OSError:
+            return
+
+_fill()
+""",
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small filesystem for the workers")
+def test_a_job_that_fills_the_disk_it_shares_with_the_timer_gets_a_verdict_of_its_own(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Strict isolation, `drawn` data path, the workers' directories on a 200 MiB filesystem: the timer, taken after
+    the candidate's import on a CPU, could not be given its inputs, which was `evaluator_error` (no penalty)."""
+    # Outside /tmp, which the job's namespace replaces with a filesystem of its own.
+    work = Path(tempfile.mkdtemp(prefix="ka-small-disk-", dir="/mnt" if os.path.isdir("/mnt") else None))
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=200m,mode=0755", "tmpfs", str(work)], check=False
+    ).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        env = server_env(
+            tmp_path_factory.mktemp("small-disk-cache"), EVALUATOR_DATA_PATH="drawn", EVALUATOR_WORK_DIR=str(work)
+        )
+        log = tmp_path_factory.mktemp("small-disk-log") / "server.log"
+        with run_service("evaluator", env=env, log_path=log) as url, httpx.Client(base_url=url, timeout=600) as client:
+            result = evaluate(client, FILLS_THE_DISK)
+            assert result["status"] == "rejected" and "result_tampering" in result["flags"], (result["status"], result["message"])
+            assert "disk" in result["message"], result["message"]
+            assert evaluate(client, sources.CORRECT)["status"] == "correct"
+    finally:
+        subprocess.run(["umount", "-l", str(work)], check=False)
+        work.rmdir()
 
 
 def test_process_isolation_removes_every_finished_workers_directory(
