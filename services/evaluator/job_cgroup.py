@@ -13,10 +13,16 @@ belong to root, and in strict isolation a job runs under another uid. In `proces
 root, so it makes no groups (unless the host delegated it a cgroup v2 subtree) and the watch and per-process clocks
 are all there is.
 
-Both cgroup versions: v2 (one hierarchy, with `memory` enabled for the groups; its CPU counter, `cpu.stat`, is there
-without the `cpu` controller, which is left off: it would schedule each job's group as one, and an idle worker's
-nice value would no longer put it behind a timed one) and v1 (the `memory` and `cpuacct` hierarchies; where `cpu` is
-mounted with `cpuacct`, the groups are scheduled as groups all the same).
+Where the host has the `cpu` controller, each group is also scheduled as one: a job's share of the CPU is its
+group's, however many processes it starts (a red-team job with 110 busy loops, each in a session of its own, which
+defeats the kernel's per-session fairness, held back a concurrent evaluation's workers for over two minutes, until
+their start timed out). A group's weight stands in for the nice value within it: an idle worker's group weighs a
+tenth of a taken one's, as nice 10 does against nice 0, so that workers starting in the background stay behind
+the evaluations that run (`prioritize` when a worker is taken).
+
+Both cgroup versions: v2 (one hierarchy, with `memory` enabled for the groups and `cpu` where the service's group
+can give it; the CPU counter, `cpu.stat`, is there without it) and v1 (the `memory` and `cpuacct` hierarchies, and
+`cpu`, mounted with `cpuacct` or apart).
 """
 
 from __future__ import annotations
@@ -31,6 +37,10 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 PARENT_PREFIX = "kernel-agent-evaluator-"
+# A group's CPU weight while its worker waits idle, and once taken: about nice 10 against nice 0 (v2 `cpu.weight`,
+# v1 `cpu.shares`, whose defaults are the taken ones).
+IDLE_WEIGHT = {"cpu.weight": "10", "cpu.shares": "102"}
+TAKEN_WEIGHT = {"cpu.weight": "100", "cpu.shares": "1024"}
 # Tries at removing a job's group: its processes were killed, but the last may not be reaped yet.
 REMOVE_TRIES = 50
 
@@ -85,17 +95,29 @@ def _counter(text: str, key: str) -> int:
 
 @dataclass
 class JobCgroup:
-    """One worker's group: one directory (v2) or one per hierarchy (v1: memory, cpuacct)."""
+    """One worker's group: one directory (v2) or one per hierarchy (v1: memory, cpuacct, cpu). `cpu_dir` counts its
+    CPU time; `sched_dir`, where the host has the `cpu` controller, schedules it."""
 
     memory_dir: Path
     cpu_dir: Path
     v2: bool
     memory_limit_mb: int = 0
+    sched_dir: Path | None = None
+
+    @property
+    def dirs(self) -> tuple[Path, ...]:
+        return tuple(dict.fromkeys(d for d in (self.memory_dir, self.cpu_dir, self.sched_dir) if d is not None))
 
     @property
     def procs_files(self) -> tuple[str, ...]:
-        """The files the worker writes its pid to, to join the group (both hierarchies on v1)."""
-        return tuple(dict.fromkeys(str(d / "cgroup.procs") for d in (self.memory_dir, self.cpu_dir)))
+        """The files the worker writes its pid to, to join the group (every hierarchy on v1)."""
+        return tuple(str(d / "cgroup.procs") for d in self.dirs)
+
+    def weigh(self, weights: dict[str, str]) -> None:
+        """Set the group's CPU weight (IDLE_WEIGHT, TAKEN_WEIGHT), where it is scheduled as a group."""
+        if self.sched_dir is not None:
+            name = "cpu.weight" if self.v2 else "cpu.shares"
+            (self.sched_dir / name).write_text(weights[name])
 
     def member_pids(self) -> set[int]:
         """The processes in the group (in every hierarchy of it)."""
@@ -116,7 +138,7 @@ class JobCgroup:
 
     def remove(self, tries: int = REMOVE_TRIES) -> bool:
         """Remove the group once its processes are gone (trying `tries` times, 20 ms apart); whether it is gone."""
-        for directory in dict.fromkeys((self.memory_dir, self.cpu_dir)):
+        for directory in self.dirs:
             for attempt in range(tries):
                 try:
                     directory.rmdir()
@@ -135,9 +157,12 @@ class JobCgroups:
     """The service's parent group(s), under its own cgroup (on v2, or the nearest above it that gives children the
     controllers); makes one JobCgroup per worker and removes it after."""
 
-    def __init__(self, memory_parent: Path, cpu_parent: Path, v2: bool, memory_limit_mb: int) -> None:
+    def __init__(
+        self, memory_parent: Path, cpu_parent: Path, v2: bool, memory_limit_mb: int, sched_parent: Path | None = None
+    ) -> None:
         self.memory_parent, self.cpu_parent, self.v2 = memory_parent, cpu_parent, v2
         self.memory_limit_mb = memory_limit_mb
+        self.sched_parent = sched_parent
         # Groups whose last process was still going when the worker was disposed of (a CUDA context can take
         # seconds to tear down): tried again at every new group, and at close.
         self.lingering: list[JobCgroup] = []
@@ -175,27 +200,42 @@ class JobCgroups:
         parent = base / f"{PARENT_PREFIX}{os.getpid()}"
         parent.mkdir()
         (parent / "cgroup.subtree_control").write_text("+memory")
-        return cls(parent, parent, True, memory_limit_mb)
+        try:
+            (parent / "cgroup.subtree_control").write_text("+cpu")
+        except OSError as error:  # `cpu` not given to the service's group: jobs are scheduled by process
+            log.warning("no CPU weight per job (cgroup v2 `cpu` controller: %s)", error)
+            return cls(parent, parent, True, memory_limit_mb)
+        return cls(parent, parent, True, memory_limit_mb, sched_parent=parent)
 
     @classmethod
     def _create_v1(cls, memory_limit_mb: int) -> JobCgroups | None:
         parents = {}
-        for controller in ("memory", "cpuacct"):
-            own = _own_dir(controller)
+        for controller in ("memory", "cpuacct", "cpu"):
+            try:
+                own = _own_dir(controller)
+            except OSError:
+                own = None
             if own is None:
+                if controller == "cpu":  # scheduled by process
+                    log.warning("no CPU weight per job: no cgroup v1 `cpu` hierarchy")
+                    continue
                 return None
             _remove_stale(own)
             parents[controller] = own / f"{PARENT_PREFIX}{os.getpid()}"
-        for parent in parents.values():
+        for parent in dict.fromkeys(parents.values()):
             parent.mkdir()
-        return cls(parents["memory"], parents["cpuacct"], False, memory_limit_mb)
+        return cls(parents["memory"], parents["cpuacct"], False, memory_limit_mb, sched_parent=parents.get("cpu"))
 
     def make(self, name: str) -> JobCgroup:
         """A new, empty group with the memory limit (no swap beyond it)."""
         self.lingering = [old for old in self.lingering if not old.remove(tries=1)]
-        group = JobCgroup(self.memory_parent / name, self.cpu_parent / name, self.v2, self.memory_limit_mb)
-        for directory in dict.fromkeys((group.memory_dir, group.cpu_dir)):
+        group = JobCgroup(
+            self.memory_parent / name, self.cpu_parent / name, self.v2, self.memory_limit_mb,
+            self.sched_parent / name if self.sched_parent is not None else None,
+        )  # fmt: skip
+        for directory in group.dirs:
             directory.mkdir()
+        group.weigh(IDLE_WEIGHT)
         limit = str(self.memory_limit_mb << 20)
         if self.v2:
             (group.memory_dir / "memory.max").write_text(limit)
@@ -216,7 +256,7 @@ class JobCgroups:
 
     def close(self) -> None:
         """Remove the parent group(s); the service killed every worker before."""
-        for parent in dict.fromkeys((self.memory_parent, self.cpu_parent)):
+        for parent in dict.fromkeys(p for p in (self.memory_parent, self.cpu_parent, self.sched_parent) if p):
             _remove_tree(parent)
 
 

@@ -432,9 +432,12 @@ class WorkerPool:
             task = asyncio.create_task(self._refill_one(device, gpu))
             self._refill.add(task)
             task.add_done_callback(self._refill.discard)
-        await self._wait_ready(worker)
+        # Ahead of the idle workers before it is ready: an evaluation waits for it now.
         if os.geteuid() == 0:
             await asyncio.to_thread(_renice, worker, 0)
+        if worker.cgroup is not None:
+            await asyncio.to_thread(worker.cgroup.weigh, job_cgroup.TAKEN_WEIGHT)
+        await self._wait_ready(worker)
         return worker
 
     async def _refill_one(self, device: str, gpu: str | None) -> None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
 
 import httpx
+import pytest
 
 from tests.evaluator import sources
-from tests.evaluator.conftest import WORKERS
+from tests.evaluator.conftest import WORKERS, evaluate, server_env
+from tests.servers import run_service
 
 REQUESTS = 50
 
@@ -106,3 +109,39 @@ def test_requests_with_one_seed_share_one_reference_run(client: httpx.Client, ev
     # Seed 7 again: its reference comes from the cache.
     assert client.post("/evaluate", json=body).json()["status"] == "correct"
     assert _reference_runs(client) - before == 2
+
+
+# At import: 100 busy loops, each in a session of its own (which defeats the kernel's per-session fairness), then 45 s
+# of waiting; it answers wrong.
+STARVES_THE_MACHINE = sources.candidate(
+    "return torch.zeros_like(x)",
+    prelude="""
+import subprocess, time
+for _ in range(100):
+    subprocess.Popen(["setsid", "sh", "-c", "while :; do :; done"])
+time.sleep(45)
+""",
+)
+
+
+def test_a_job_s_busy_processes_do_not_starve_a_concurrent_evaluation(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A red-team job did this while another evaluation started (strict isolation): that evaluation's workers, which
+    started meanwhile, waited for the CPU until their start timed out (`evaluator_error` after 131 s, with a 60 s
+    time limit). Here every worker starts when an evaluation asks for it (no idle ones kept). Scheduled by job
+    (job_cgroup), the busy loops share one job's part of the CPU."""
+    env = server_env(tmp_path_factory.mktemp("starved-cache"), EVALUATOR_PRESPAWN="false")
+    log = tmp_path_factory.mktemp("starved-log") / "server.log"
+    with run_service("evaluator", env=env, log_path=log) as url, httpx.Client(base_url=url, timeout=600) as client:
+        if client.get("/health").json()["details"]["isolation"] != "strict":
+            pytest.skip("process isolation: the busy loops would outlive the job")
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            starving = pool.submit(evaluate, client, STARVES_THE_MACHINE, seed=4777, timeout_s=120)
+            time.sleep(8)
+            started = time.monotonic()
+            honest = evaluate(client, sources.CORRECT, seed=4778, timeout_s=60)
+            waited = time.monotonic() - started
+            assert starving.result()["status"] in ("incorrect", "rejected")
+    assert honest["status"] == "correct", honest["message"]
+    assert waited < 30, (waited, honest["phases_s"])
