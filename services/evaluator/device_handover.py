@@ -269,8 +269,9 @@ def send(sock: socket.socket, header: dict[str, Any], fds: list[int]) -> None:
 
 
 def _receive_one(sock: socket.socket, flags: int) -> tuple[Any, list[int]] | None:
-    """One message and its descriptors (None: nothing queued, with MSG_DONTWAIT). A header that is not JSON reads
-    as None; descriptors the message carried beyond what fits are closed by the kernel (MSG_CTRUNC)."""
+    """One message and its descriptors (None: nothing queued, with MSG_DONTWAIT). A header that is not JSON, or not
+    one the parser can take, reads as None (the caller closes the descriptors); descriptors the message carried
+    beyond what fits are closed by the kernel (MSG_CTRUNC)."""
     space = socket.CMSG_SPACE(MAX_TENSORS * array.array("i").itemsize)
     try:
         data, ancillary, _, _ = sock.recvmsg(MAX_HEADER_BYTES, space, flags)
@@ -284,7 +285,7 @@ def _receive_one(sock: socket.socket, flags: int) -> tuple[Any, list[int]] | Non
             fds += list(received)
     try:
         header = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # a header nested deeper than the parser goes raised RecursionError
         header = None
     return header, fds
 

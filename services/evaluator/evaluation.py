@@ -669,21 +669,18 @@ class Judge:
         if self.launched is None:
             try:
                 timer = await self.workers.enter_async_context(self.pool.worker(self.device, self.gpu))
+                await asyncio.to_thread(_hand_over, timer, self.reference, self.handed_over)
             except WorkerStartError as error:
                 # In process isolation the candidate's job, running now, can kill a worker as it starts.
                 self._timer_lost(f"the reference timer's worker did not start ({error})")
-            try:
-                await asyncio.to_thread(_hand_over, timer, self.reference, self.handed_over)
             except OSError as error:
                 if error.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
-                # The candidate's job has run, and can fill the filesystem its home shares with the timer's: a full
-                # disk counts against it, as in a check's copy (a red-team job that filled it at import and
-                # answered wrong got evaluator_error, no penalty).
-                log.warning("the reference timer's inputs could not be written: %s", error)
-                self.run_state.flags["result_tampering"] = (
-                    f"the reference timer could not be given its inputs: {DISK_FULL}"
-                )
+                # The candidate's job has run, and can fill the filesystem its home shares with the timer's (its
+                # directory, its inputs): a full disk counts against it, as in a check's copy (a red-team job that
+                # filled it at import and answered wrong got evaluator_error, no penalty).
+                log.warning("the reference timer could not be set up: %s", error)
+                self.run_state.flags["result_tampering"] = f"the reference timer could not be set up: {DISK_FULL}"
                 raise CandidateFailure from error
             await timer.send({"role": "timer", "reference_source": self.request.reference_source, "seed": self.seed})
             self.launched = timer

@@ -4,6 +4,7 @@ another, also across a pid namespace as in strict isolation."""
 
 from __future__ import annotations
 
+import array
 import json
 import os
 import shutil
@@ -78,6 +79,19 @@ def test_a_save_without_its_message_is_refused(pair) -> None:
         device_handover.receive_for(service, "n")
     with pytest.raises(device_handover.HandoverError, match="no handover message"):
         device_handover.receive_for(service, "n")  # nothing queued at all
+
+
+def test_a_header_the_parser_cannot_take_is_dropped_with_its_descriptors(pair) -> None:
+    """60,000 nested lists are within the header's size, and made json raise RecursionError: it escaped the judge's
+    handling of a refused output (`evaluator_error`, no penalty) and left the message's descriptors open (red team)."""
+    service, worker = pair
+    fds = _pipe_fds()
+    worker.sendmsg([b"[" * 60_000], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    device_handover.close_all(fds)
+    before = _open_fds()
+    with pytest.raises(device_handover.HandoverError, match="no handover message"):
+        device_handover.receive_for(service, "n")
+    assert _open_fds() == before
 
 
 def test_more_descriptors_than_a_handover_takes_are_closed_by_the_kernel(pair) -> None:

@@ -153,7 +153,10 @@ def test_a_job_that_breaks_its_timer_gets_a_verdict_of_its_own(any_client: httpx
     a candidate's. Strict isolation: no other worker is visible; the zeros are wrong."""
     result = evaluate(any_client, breaks_its_timer(signum), correctness_trials=3)
     if signum == "SIGKILL" and any_client.get("/health").json()["details"]["isolation"] == "process":
-        assert result["status"] == "rejected" and "result_tampering" in result["flags"], (result["status"], result["message"])
+        assert result["status"] == "rejected" and "result_tampering" in result["flags"], (
+            result["status"],
+            result["message"],
+        )
         assert "any job can reach it" in result["message"], result["message"]
     else:
         assert result["status"] in ("incorrect", "rejected"), result
@@ -218,7 +221,10 @@ threading.Thread(target=_kill_workers, daemon=True).start()
 def test_a_timer_killed_as_it_starts_in_process_isolation_is_the_candidates(process_client: httpx.Client) -> None:
     """A red-team job got `evaluator_error` (no penalty) this way: the timer's start failing was the service's."""
     result = evaluate(process_client, KILLS_EVERY_STARTING_WORKER)
-    assert result["status"] == "rejected" and "result_tampering" in result["flags"], (result["status"], result["message"])
+    assert result["status"] == "rejected" and "result_tampering" in result["flags"], (
+        result["status"],
+        result["message"],
+    )
     assert "did not start" in result["message"], result["message"]
     assert evaluate(process_client, sources.CORRECT)["status"] == "correct"
 
@@ -264,7 +270,10 @@ def test_a_job_that_fills_the_disk_it_shares_with_the_timer_gets_a_verdict_of_it
         log = tmp_path_factory.mktemp("small-disk-log") / "server.log"
         with run_service("evaluator", env=env, log_path=log) as url, httpx.Client(base_url=url, timeout=600) as client:
             result = evaluate(client, FILLS_THE_DISK)
-            assert result["status"] == "rejected" and "result_tampering" in result["flags"], (result["status"], result["message"])
+            assert result["status"] == "rejected" and "result_tampering" in result["flags"], (
+                result["status"],
+                result["message"],
+            )
             assert "disk" in result["message"], result["message"]
             assert evaluate(client, sources.CORRECT)["status"] == "correct"
     finally:
