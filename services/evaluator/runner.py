@@ -235,7 +235,9 @@ def run_reference(context: WorkerContext, job: dict[str, Any]) -> None:
             else:
                 _save_bound(to_plain(outputs), context.home, f"expected_{trial}.pt", written)
             del inputs, args, outputs
-    fields: dict[str, Any] = {"skeletons": skeletons, "files": written} if drawn else {"files": written}
+    fields: dict[str, Any] = {"files": written}
+    if drawn:
+        fields["skeletons"] = skeletons
     if backend.name == "cuda":
         # What the service admits each evaluation of this reference to the GPU for (device_memory).
         fields["device_peak_bytes"] = torch.cuda.max_memory_reserved()

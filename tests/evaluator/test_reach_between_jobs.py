@@ -135,6 +135,11 @@ threading.Thread(target=_read_environments, daemon=True).start()
 )
 
 
+def assert_tampering(result: dict, text: str) -> None:
+    assert result["status"] == "rejected" and "result_tampering" in result["flags"], result
+    assert text in result["message"], result["message"]
+
+
 def test_a_job_cannot_read_the_secrets_of_the_processes_the_service_starts(any_client: httpx.Client) -> None:
     result = evaluate(any_client, READS_THE_SERVICE_S_CHILDREN)
     assert FAKE_API_KEY not in result["message"] and "STOLEN" not in result["message"], result["message"]
@@ -219,13 +224,9 @@ threading.Thread(target=_kill_workers, daemon=True).start()
 
 
 def test_a_timer_killed_as_it_starts_in_process_isolation_is_the_candidates(process_client: httpx.Client) -> None:
-    """A red-team job got `evaluator_error` (no penalty) this way: the timer's start failing was the service's."""
-    result = evaluate(process_client, KILLS_EVERY_STARTING_WORKER)
-    assert result["status"] == "rejected" and "result_tampering" in result["flags"], (
-        result["status"],
-        result["message"],
-    )
-    assert "did not start" in result["message"], result["message"]
+    """A red-team job got `evaluator_error` (no penalty) this way: the timer's start failing was the service's. A
+    timer killed once started (before its model is built) is the candidate's too."""
+    assert_tampering(evaluate(process_client, KILLS_EVERY_STARTING_WORKER), "the reference timer")
     assert evaluate(process_client, sources.CORRECT)["status"] == "correct"
 
 
@@ -269,12 +270,7 @@ def test_a_job_that_fills_the_disk_it_shares_with_the_timer_gets_a_verdict_of_it
         )
         log = tmp_path_factory.mktemp("small-disk-log") / "server.log"
         with run_service("evaluator", env=env, log_path=log) as url, httpx.Client(base_url=url, timeout=600) as client:
-            result = evaluate(client, FILLS_THE_DISK)
-            assert result["status"] == "rejected" and "result_tampering" in result["flags"], (
-                result["status"],
-                result["message"],
-            )
-            assert "disk" in result["message"], result["message"]
+            assert_tampering(evaluate(client, FILLS_THE_DISK), "the disk the job shares with the judge is full")
             assert evaluate(client, sources.CORRECT)["status"] == "correct"
     finally:
         subprocess.run(["umount", "-l", str(work)], check=False)
