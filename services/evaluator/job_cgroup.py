@@ -18,7 +18,7 @@ group's, however many processes it starts (a red-team job with 110 busy loops, e
 defeats the kernel's per-session fairness, held back a concurrent evaluation's workers for over two minutes, until
 their start timed out). A group's weight stands in for the nice value within it: an idle worker's group weighs a
 tenth of a taken one's, as nice 10 does against nice 0, so that workers starting in the background stay behind
-the evaluations that run (`prioritize` when a worker is taken).
+the evaluations that run (`JobCgroup.weigh`, which the pool calls when it takes a worker).
 
 Both cgroup versions: v2 (one hierarchy, with `memory` enabled for the groups and `cpu` where the service's group
 can give it; the CPU counter, `cpu.stat`, is there without it) and v1 (the `memory` and `cpuacct` hierarchies, and

@@ -42,6 +42,14 @@ def _pipe_fds() -> list[int]:
     return [read, write]
 
 
+def _refused_and_closed(service: socket.socket, match: str | None) -> None:
+    """The service's receive refuses what was queued, and no descriptor it received is left open."""
+    before = _open_fds()
+    with pytest.raises(device_handover.HandoverError, match=match):
+        device_handover.receive_for(service, "n")
+    assert _open_fds() == before
+
+
 def test_the_service_takes_the_save_s_message_and_drops_what_was_queued_before(pair) -> None:
     service, worker = pair
     worker.send(b"not json")
@@ -66,10 +74,7 @@ def test_descriptors_that_are_not_gpu_allocations_are_refused_and_closed(pair, t
         assert not device_handover.is_device_handle(fd)
     device_handover.send(worker, {"nonce": "n", "tensors": [{}, {}, {}]}, [regular, null, pipe[0]])
     device_handover.close_all([regular, null, *pipe])
-    before = _open_fds()
-    with pytest.raises(device_handover.HandoverError, match="not GPU allocations"):
-        device_handover.receive_for(service, "n")
-    assert _open_fds() == before
+    _refused_and_closed(service, "not GPU allocations")
 
 
 def test_a_save_without_its_message_is_refused(pair) -> None:
@@ -88,10 +93,7 @@ def test_a_header_the_parser_cannot_take_is_dropped_with_its_descriptors(pair) -
     fds = _pipe_fds()
     worker.sendmsg([b"[" * 60_000], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
     device_handover.close_all(fds)
-    before = _open_fds()
-    with pytest.raises(device_handover.HandoverError, match="no handover message"):
-        device_handover.receive_for(service, "n")
-    assert _open_fds() == before
+    _refused_and_closed(service, "no handover message")
 
 
 def test_more_descriptors_than_a_handover_takes_are_closed_by_the_kernel(pair) -> None:
@@ -99,10 +101,7 @@ def test_more_descriptors_than_a_handover_takes_are_closed_by_the_kernel(pair) -
     many = [os.open("/dev/null", os.O_RDONLY) for _ in range(device_handover.MAX_TENSORS + 40)]
     device_handover.send(worker, {"nonce": "n"}, many)
     device_handover.close_all(many)
-    before = _open_fds()
-    with pytest.raises(device_handover.HandoverError):
-        device_handover.receive_for(service, "n")
-    assert _open_fds() == before
+    _refused_and_closed(service, None)
 
 
 def test_the_timer_waits_for_the_service_s_message_only_so_long(pair) -> None:
