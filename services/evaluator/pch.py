@@ -27,6 +27,8 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from services.evaluator.sandbox import tool_env
+
 log = logging.getLogger(__name__)
 
 PCH_HEADER_NAME = "torch_extension_pch.h"
@@ -97,7 +99,8 @@ def _compiler() -> str:
 
 
 def _compiler_identity(compiler: str) -> str:
-    out = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False)
+    # Run by the service itself when it plans a split build: the compiler gets no secret of its environment.
+    out = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False, env=tool_env())
     return out.stdout.splitlines()[0] if out.stdout else compiler
 
 
