@@ -674,12 +674,14 @@ class Judge:
                 # In process isolation the candidate's job, running now, can kill a worker as it starts.
                 self._timer_lost(f"the reference timer's worker did not start ({error})")
             except OSError as error:
+                log.warning("the reference timer could not be set up: %s", error)
                 if error.errno not in (errno.ENOSPC, errno.EDQUOT):
-                    raise
+                    # In process isolation the candidate's job, under the service's uid, can change the directory
+                    # the timer is given (make it read-only, take it away).
+                    self._timer_lost(f"the reference timer could not be set up ({error})")
                 # The candidate's job has run, and can fill the filesystem its home shares with the timer's (its
                 # directory, its inputs): a full disk counts against it, as in a check's copy (a red-team job that
                 # filled it at import and answered wrong got evaluator_error, no penalty).
-                log.warning("the reference timer could not be set up: %s", error)
                 self.run_state.flags["result_tampering"] = f"the reference timer could not be set up: {DISK_FULL}"
                 raise CandidateFailure from error
             await timer.send({"role": "timer", "reference_source": self.request.reference_source, "seed": self.seed})
@@ -1377,9 +1379,13 @@ def slower_outside_calls(reference: list[Block], candidate: list[Block]) -> str:
                 [sum(getattr(b, part + suffix) for part in parts) for b in side] for side in (candidate, reference)
             )
             # With the rest of the block in it, the slack is at least hides_work's (5 % of the block): an honest
-            # candidate's refills may cost it a little more than the reference's in every block.
+            # candidate's refills may cost it a little more than the reference's in every block. And it is never
+            # below CLOCKED_SHARE of the candidate's block, the room a report has anyway (judge_room_s): less work
+            # moved buys at most 1 / (1 - CLOCKED_SHARE) of speed, and an honest candidate's draws cost it more
+            # than the reference's in every block at times (13.5 against 11.9 ms in a CI run, in three rounds).
             scale = max(statistics.median(ours), block_s if "unexplained" in parts else 0.0)
-            seen = _slower_beyond_chance(ours, theirs, UNEXPLAINED_SHARE * scale + UNEXPLAINED_SLACK_S, block_s)
+            slack = max(UNEXPLAINED_SHARE * scale, CLOCKED_SHARE * block_s) + UNEXPLAINED_SLACK_S
+            seen = _slower_beyond_chance(ours, theirs, slack, block_s)
             if seen:
                 return (
                     f"{step} took {statistics.median(ours) * 1e3:.3f} ms per block (median) by {clock} against "
