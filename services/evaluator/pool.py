@@ -16,6 +16,7 @@ import os
 import secrets
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -104,6 +105,8 @@ class Worker:
     stdio: int = -1
     # The service's end of the worker's handover socket, on a GPU (device_handover).
     handover: socket.socket | None = None
+    # Its directories as made (_dir_identities), which an idle worker's must still be when it is taken.
+    made_dirs: list[tuple[int, int, int] | None] = field(default_factory=list)
 
     async def send(self, message: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
@@ -326,6 +329,27 @@ def _waiting_to_run(pid: int) -> bool:
     return state not in (b"Z", b"X", b"x")
 
 
+def _dir_identities(worker: Worker) -> list[tuple[int, int, int] | None]:
+    """Device, inode and mode of a worker's directories (None for one that is not a directory)."""
+    identities: list[tuple[int, int, int] | None] = []
+    for path in (worker.root, worker.home):
+        try:
+            info = os.lstat(path)
+        except OSError:
+            identities.append(None)
+            continue
+        identities.append((info.st_dev, info.st_ino, info.st_mode) if stat.S_ISDIR(info.st_mode) else None)
+    return identities
+
+
+def _untouched(worker: Worker) -> bool:
+    """Whether an idle worker's directories are as _spawn made them: the same directories with the same modes, and
+    no `inputs` in its home yet. A job in process isolation, under the same uid, may have made them read-only,
+    replaced them, or planted the entry the service makes when it hands a worker its files; the evaluation that took
+    the worker as its timer would then be rejected for what a job that has ended did."""
+    return _dir_identities(worker) == worker.made_dirs and not os.path.lexists(worker.home / "inputs")
+
+
 class WorkerPool:
     """Spawns workers under the sandbox, keeps `workers` of them idle per device, bounds concurrent evaluations."""
 
@@ -422,7 +446,7 @@ class WorkerPool:
         worker = None
         while idle and worker is None:
             candidate = idle.pop(0)
-            if candidate.proc.returncode is None and _waiting_to_run(candidate.proc.pid):
+            if candidate.proc.returncode is None and _waiting_to_run(candidate.proc.pid) and _untouched(candidate):
                 worker = candidate
             else:
                 await self._dispose(candidate)
@@ -561,6 +585,7 @@ class WorkerPool:
             stdio=stdio_reader,
             handover=handover,
         )
+        worker.made_dirs = _dir_identities(worker)
         loop = asyncio.get_running_loop()
         stream = asyncio.StreamReader(limit=MAX_EVENT_BYTES, loop=loop)
         await loop.connect_read_pipe(

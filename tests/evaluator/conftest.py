@@ -77,16 +77,19 @@ def client(evaluator_url: str) -> Iterator[httpx.Client]:
 
 
 @contextlib.contextmanager
-def process_server(log: Path) -> Iterator[tuple[httpx.Client, Path]]:
+def process_server(log: Path, **extra: str) -> Iterator[tuple[httpx.Client, Path]]:
     """A server in `process` isolation: one unprivileged uid for the service and its jobs (as root, the tests start
-    it as PROCESS_USER), with a home, cache and work directory of its own (yielded with the client)."""
+    it as PROCESS_USER), with a home, cache and work directory of its own (yielded with the client), and the
+    settings in `extra`."""
     home = Path(tempfile.mkdtemp(prefix="ka-process-isolation-"))
     try:
         home.chmod(0o755)
         if os.geteuid() == 0:
             user = pwd.getpwnam(PROCESS_USER)
             os.chown(home, user.pw_uid, user.pw_gid)
-        env = server_env(home / "cache", HOME=str(home), EVALUATOR_ISOLATION="process", EVALUATOR_WORK_DIR=str(home))
+        env = server_env(
+            home / "cache", HOME=str(home), EVALUATOR_ISOLATION="process", EVALUATOR_WORK_DIR=str(home), **extra
+        )
         with (
             run_service("evaluator", env=env, log_path=log, user=PROCESS_USER) as url,
             httpx.Client(base_url=url, timeout=600) as http,

@@ -230,6 +230,65 @@ def test_a_timer_killed_as_it_starts_in_process_isolation_is_the_candidates(proc
     assert evaluate(process_client, sources.CORRECT)["status"] == "correct"
 
 
+# At import, makes every other worker's directories read-only (process isolation: the service's uid), then answers
+# wrong.
+LOCKS_OTHER_WORKERS_DIRECTORIES = sources.candidate(
+    "return torch.zeros_like(x)",
+    prelude="""
+import os
+
+_own = os.path.dirname(os.getcwd())
+for _name in os.listdir(os.path.dirname(_own)):
+    _root = os.path.join(os.path.dirname(_own), _name)
+    if _root != _own:
+        for _path in (os.path.join(_root, "home"), _root):
+            try:
+                os.chmod(_path, 0o555)
+            except OSError:
+                pass
+""",
+)
+# Plants a file where the service makes each worker's `inputs` directory, in every other worker's home as it
+# appears, then answers wrong.
+PLANTS_OTHER_WORKERS_INPUTS = sources.candidate(
+    "return torch.zeros_like(x)",
+    prelude="""
+import os, threading, time
+
+def _plant():
+    own = os.path.dirname(os.getcwd())
+    work = os.path.dirname(own)
+    while True:
+        for name in os.listdir(work):
+            if os.path.join(work, name) != own:
+                try:
+                    open(os.path.join(work, name, "home", "inputs"), "x").close()
+                except OSError:
+                    pass
+        time.sleep(0.002)
+
+threading.Thread(target=_plant, daemon=True).start()
+""",
+)
+
+
+def test_a_job_that_breaks_other_workers_directories_gets_a_verdict_of_its_own(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Process isolation, `drawn` data path (the timer is set up after the candidate's import): a job that made the
+    idle workers' directories read-only, or planted files where their inputs go, chose `evaluator_error` (no
+    penalty) for its wrong answer, and left the idle workers broken for the evaluations after it. Those workers are
+    not taken (the first job's timer is a new worker: its own verdict); a timer set up in a directory a job changed
+    is the job's."""
+    log = tmp_path_factory.mktemp("process-drawn-log") / "server.log"
+    with process_server(log, EVALUATOR_DATA_PATH="drawn") as (client, _):
+        result = evaluate(client, LOCKS_OTHER_WORKERS_DIRECTORIES)
+        assert result["status"] == "incorrect", result["message"]
+        assert_tampering(evaluate(client, PLANTS_OTHER_WORKERS_INPUTS), "the reference timer could not be set up")
+        result = evaluate(client, sources.CORRECT)
+        assert result["status"] == "correct", result["message"]
+
+
 # Fills the filesystem its home is on at import (files of at most 64 MiB each, under the file size limit), then
 # answers wrong.
 FILLS_THE_DISK = sources.candidate(
