@@ -1526,8 +1526,7 @@ def judge_timing(
 
 def _hand_over(worker: Worker, reference: ReferenceData, trials: range) -> None:
     """Give a worker its inputs (never the expected outputs), in files it can read but not change."""
-    inputs_dir = worker.home / "inputs"
-    inputs_dir.mkdir(mode=0o755)
+    inputs_dir = sandbox.make_dir(worker.home / "inputs", 0o755)
     write_readonly_file(inputs_dir / "init.pt", reference.init_bytes)
     for trial in trials:
         write_readonly_file(inputs_dir / f"inputs_{trial}.pt", reference.input_bytes[trial])

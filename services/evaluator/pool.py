@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 120.0
 WORK_DIR_PREFIX = "kernel-agent-evaluator-"
+WORK_DIR_MODE = 0o711
 MAX_EVENT_BYTES = 16 << 20
 STDIO_TAIL_BYTES = 16_384
 # Nice value of workers while they start and wait idle: below every evaluation that is being timed.
@@ -343,11 +344,16 @@ def _dir_identities(worker: Worker) -> list[tuple[int, int, int] | None]:
 
 
 def _untouched(worker: Worker) -> bool:
-    """Whether an idle worker's directories are as _spawn made them: the same directories with the same modes, and
-    no `inputs` in its home yet. A job in process isolation, under the same uid, may have made them read-only,
-    replaced them, or planted the entry the service makes when it hands a worker its files; the evaluation that took
-    the worker as its timer would then be rejected for what a job that has ended did."""
-    return _dir_identities(worker) == worker.made_dirs and not os.path.lexists(worker.home / "inputs")
+    """Whether an idle worker's directories are as _spawn made them: the same directories with the same modes and no
+    ACL, and no `inputs` in its home yet. A job in process isolation, under the same uid, may have made them
+    read-only (by their modes or by a default ACL the service's new files inherit), replaced them, or planted the
+    entry the service makes when it hands a worker its files; the evaluation that took the worker as its timer
+    would then be rejected for what a job that has ended did."""
+    return (
+        _dir_identities(worker) == worker.made_dirs
+        and not any(sandbox.has_acl(path) for path in (worker.root, worker.home))
+        and not os.path.lexists(worker.home / "inputs")
+    )
 
 
 class WorkerPool:
@@ -360,7 +366,7 @@ class WorkerPool:
         self.memory_readable = memory_readable
         _remove_stale_work_dirs(Path(settings.work_dir or tempfile.gettempdir()))
         self.work_dir = Path(tempfile.mkdtemp(prefix=f"{WORK_DIR_PREFIX}{os.getpid()}-", dir=settings.work_dir))
-        os.chmod(self.work_dir, 0o711)
+        sandbox.set_plain_mode(self.work_dir, WORK_DIR_MODE)
         self.uids = sandbox.UidPool(settings.sandbox_uid_base, uid_count(settings.workers)) if strict else None
         self.signaller = sandbox.UidSignaller(self.uids.signaller_uid) if self.uids is not None else None
         self._slots = asyncio.Semaphore(settings.workers)
@@ -508,8 +514,10 @@ class WorkerPool:
         from services.evaluator.backends import get_backend
 
         uid = self.uids.lease() if self.uids is not None else None
-        root = self.work_dir / f"w{next(self._counter)}-{secrets.token_hex(4)}"
-        root.mkdir(mode=0o711)
+        if not self.strict:
+            # A job under the service's uid may have changed the directory every worker is made in.
+            sandbox.set_plain_mode(self.work_dir, WORK_DIR_MODE)
+        root = sandbox.make_dir(self.work_dir / f"w{next(self._counter)}-{secrets.token_hex(4)}", 0o711)
         home = sandbox.make_private_dir(root / "home", uid)
         limits_memory = getattr(get_backend(device), "limits_address_space", False)
         cgroup = await asyncio.to_thread(self.cgroups.make, root.name) if self.cgroups is not None else None

@@ -520,9 +520,38 @@ def strict_isolation_works(uid: int) -> bool:
     return done.returncode == 0
 
 
+# The extended attributes that hold a directory's POSIX ACLs.
+ACL_ATTRIBUTES = ("system.posix_acl_access", "system.posix_acl_default")
+
+
+def set_plain_mode(path: Path | str, mode: int) -> None:
+    """Give a directory the service made exactly `mode`, with no ACL: in `process` isolation a job, under the
+    service's uid, can put a default ACL on a directory the service creates in (a red-team job gave the work
+    directory one with no rights for the owner, and every worker the service made after it failed to start)."""
+    for name in ACL_ATTRIBUTES:
+        with contextlib.suppress(OSError):  # none set, or a filesystem without ACLs
+            os.removexattr(path, name)
+    os.chmod(path, mode)
+
+
+def has_acl(path: Path) -> bool:
+    try:
+        names = os.listxattr(path, follow_symlinks=False)
+    except OSError:
+        return False  # a filesystem without extended attributes
+    return any(name in ACL_ATTRIBUTES for name in names)
+
+
+def make_dir(path: Path, mode: int) -> Path:
+    """Create `path` with exactly `mode` and no ACL, whatever its parent's default ACL (set_plain_mode)."""
+    path.mkdir(mode=mode)
+    set_plain_mode(path, mode)
+    return path
+
+
 def make_private_dir(path: Path, uid: int | None) -> Path:
-    """Create `path` (mode 0700) owned by the sandbox uid, inside a root-owned parent it cannot replace."""
-    path.mkdir(mode=0o700)
+    """Create `path` (mode 0700, make_dir) owned by the sandbox uid, inside a root-owned parent it cannot replace."""
+    make_dir(path, 0o700)
     if uid is not None:
         os.chown(path, uid, uid)
     return path

@@ -289,6 +289,42 @@ def test_a_job_that_breaks_other_workers_directories_gets_a_verdict_of_its_own(
         assert result["status"] == "correct", result["message"]
 
 
+# At import, gives every other worker's directories (`workers`) or the directory the service makes every worker in
+# (`work`) a default ACL with no rights for the owner, which what the service creates in them inherits; then answers
+# wrong. Modes and inodes stay as they were.
+NO_RIGHTS_BY_DEFAULT_ACL = """
+import os, struct
+
+_entry = lambda tag, perm: struct.pack("<HHI", tag, perm, 0xFFFFFFFF)
+_acl = struct.pack("<I", 2) + _entry(1, 0) + _entry(4, 5) + _entry(0x20, 5)  # user::--- group::r-x other::r-x
+_own = os.path.dirname(os.getcwd())
+_work = os.path.dirname(_own)
+if TARGET == "work":
+    os.setxattr(_work, "system.posix_acl_default", _acl)
+else:
+    for _name in os.listdir(_work):
+        _root = os.path.join(_work, _name)
+        if _root != _own:
+            for _path in (os.path.join(_root, "home"), _root):
+                os.setxattr(_path, "system.posix_acl_default", _acl)
+"""
+
+
+@pytest.mark.parametrize("target", ["workers", "work"])
+def test_a_default_acl_on_the_workers_directories_breaks_no_later_evaluation(
+    process_client: httpx.Client, target: str
+) -> None:
+    """A red-team job (process isolation) set default ACLs where the service creates files: the honest
+    evaluations after it ended `evaluator_error` as long as idle workers it reached were left (`workers`), or every
+    one after the workers started before it (`work`: no worker the service made could start)."""
+    prelude = f"TARGET = {target!r}\n" + NO_RIGHTS_BY_DEFAULT_ACL
+    result = evaluate(process_client, sources.candidate("return torch.zeros_like(x)", prelude=prelude))
+    assert result["status"] == "incorrect", result["message"]
+    for _ in range(4):
+        result = evaluate(process_client, sources.CORRECT)
+        assert result["status"] == "correct", result["message"]
+
+
 # Fills the filesystem its home is on at import (files of at most 64 MiB each, under the file size limit), then
 # answers wrong.
 FILLS_THE_DISK = sources.candidate(
