@@ -510,7 +510,10 @@ class Judge:
         state = self.run_state
         asked_at = time.monotonic()
         async with self.pool.worker(self.device, self.gpu) as candidate, self.workers:
-            await asyncio.to_thread(_hand_over, candidate, self.reference, self.handed_over)
+            try:
+                await asyncio.to_thread(_hand_over, candidate, self.reference, self.handed_over)
+            except OSError as error:  # before any of the candidate's code ran in it
+                raise EvaluatorFailure(f"the candidate's worker could not be given its inputs: {error}") from error
             job_sent_at = time.monotonic()
             state.phases["startup"] = job_sent_at - asked_at
             await candidate.send(
