@@ -421,6 +421,32 @@ def launch_rewrite(launch: Launch) -> tuple[int, int, str]:
     return launch.call.start_byte, launch.call.end_byte, f"{target}({', '.join([*config, *args])})"
 
 
+PARAMETERS = frozenset({"parameter_declaration", "optional_parameter_declaration", "variadic_parameter_declaration"})
+
+
+def _named(declarator: Any) -> Any:
+    """The identifier a declarator names, through pointers, references, arrays, parentheses and functions; None for
+    an abstract one."""
+    while declarator is not None and declarator.type not in ("identifier", "field_identifier"):
+        inner = declarator.child_by_field_name("declarator")
+        if inner is None and declarator.type in ("reference_declarator", "parenthesized_declarator"):
+            inner = declarator.named_children[-1] if declarator.named_children else None
+        declarator = inner
+    return declarator
+
+
+def signature(node: Any, name: str, alias: str, stop: Any = None) -> str:
+    """The declaration of function `name` that `node` holds, as tokens (tokens), named `alias` and with the names of
+    its parameters left out: one text for every function of one signature, so that they share a binding."""
+    spans = lambda found: (found.start_byte, found.end_byte) if found is not None else None  # noqa: E731
+    renamed = [spans(_named(d)) for d in node.children_by_field_name("declarator") if text(_named(d) or node) == name]
+    dropped = {spans(_named(p.child_by_field_name("declarator"))) for p in walk(node) if p.type in PARAMETERS}
+    end = stop.start_byte if stop is not None else node.end_byte
+    leaves = [n for n in walk(node) if n.child_count == 0 and n.type != "comment" and n.end_byte <= end]
+    words = [alias if spans(n) in renamed else text(n) for n in leaves if spans(n) not in dropped]
+    return " ".join(word for word in words if word)
+
+
 def tokens(node: Any, stop: Any = None) -> str:
     """The node's tokens (comments dropped) joined by single spaces: one text for one declaration however laid
     out, so equal declaration sets share a binding."""

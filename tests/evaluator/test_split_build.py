@@ -197,21 +197,44 @@ def test_host_device_helpers_and_wrappers_in_cpp_sources(
     assert wrapper.host_source.index("void launch_relu(const float* x, float* y, int n);") < wrapper.host_source.index(
         "torch::Tensor relu(torch::Tensor x) {"
     )
-    assert "torch :: Tensor relu ( torch :: Tensor x ) ;" in wrapper.binding_source  # its declaration, as tokens
+    # Its signature, as tokens, in the binding; the table that reaches it after its definition in the host code.
+    assert "torch :: Tensor ka_split_signature_0 ( torch :: Tensor ) ;" in wrapper.binding_source
+    assert wrapper.host_source.index("torch::Tensor relu(torch::Tensor x) {") < wrapper.host_source.index(
+        "extern decltype(&relu) ka_split_function_0 = &relu;"
+    )
 
 
-def test_binding_is_what_load_inline_generates_and_its_key_ignores_layout() -> None:
+def test_binding_is_what_load_inline_generates_for_the_signatures_alone() -> None:
+    """The binding binds each function (with torch's error handling unless turned off) under the name and docstring
+    the host code's table gives; its key ignores layout, the functions' names and their parameters' names, not
+    their types."""
     cuda = "__global__ void k(float* y) { y[0] = 1; }\nvoid f(torch::Tensor y) { k<<<1, 1>>>(y.data_ptr<float>()); }\n"
     arguments = {"cpp_sources": "void f(torch::Tensor y);", "cuda_sources": cuda, "functions": {"f": "doc of f"}}
     plan = split_build.make_plan(arguments)
-    assert 'm.def("f", torch::wrap_pybind_function(f), "doc of f");' in plan.binding_source
+    assert "m.def(ka_split_names[0], torch::wrap_pybind_function(ka_split_function_0), ka_split_docs[0]);" in (
+        plan.binding_source
+    )
     assert f"PYBIND11_MODULE({split_build.BINDING_INIT}, m)" in plan.binding_source
+    assert '"f"' not in plan.binding_source and "doc of f" not in plan.binding_source
+    assert 'ka_split_names[] = {"f"};' in plan.host_source and 'ka_split_docs[] = {"doc of f"};' in plan.host_source
     raw = split_build.make_plan({**arguments, "with_pytorch_error_handling": False})
-    assert 'm.def("f", f, "doc of f");' in raw.binding_source
-    spaced = split_build.make_plan({**arguments, "cpp_sources": "// the wrapper\nvoid   f(torch::Tensor y) ;\n"})
-    assert split_build.binding_key(spaced.binding_source, "s") == split_build.binding_key(plan.binding_source, "s")
-    other = split_build.make_plan({**arguments, "cpp_sources": "void f(at::Tensor y);"})
-    assert split_build.binding_key(other.binding_source, "s") != split_build.binding_key(plan.binding_source, "s")
+    assert "m.def(ka_split_names[0], ka_split_function_0, ka_split_docs[0]);" in raw.binding_source
+
+    def key(**changes: Any) -> str:
+        return split_build.binding_key(split_build.make_plan({**arguments, **changes}).binding_source, "s")
+
+    assert key(cpp_sources="// the wrapper\nvoid   f(torch::Tensor y) ;\n") == key()
+    renamed = cuda.replace("void f(torch::Tensor y)", "void g(torch::Tensor input)")
+    assert key(cpp_sources="void g(torch::Tensor input);", cuda_sources=renamed, functions={"g": "other"}) == key()
+    assert key(cpp_sources="void f(at::Tensor y);") != key()
+    assert key(with_pytorch_error_handling=False) != key()
+
+
+def test_a_declaration_of_several_functions_one_of_them_bound_takes_the_whole_build() -> None:
+    cuda = "__global__ void k(float* y) { y[0] = 1; }\nvoid f(torch::Tensor y) { k<<<1, 1>>>(y.data_ptr<float>()); }\n"
+    arguments = {"cpp_sources": "void f(torch::Tensor y), g(int);", "cuda_sources": cuda, "functions": ["f"]}
+    plan, why = split_build.try_plan(arguments)
+    assert plan is None and "several functions" in why
 
 
 @pytest.mark.parametrize(
@@ -450,10 +473,11 @@ def test_the_stub_compiles_without_the_host_codes_pch(
 
 
 @pytest.mark.slow
-def test_the_generated_binding_compiles_without_the_cpp_frontend_and_calls_the_host_code(tmp_path: Path) -> None:
+def test_one_generated_binding_serves_libraries_of_other_names(tmp_path: Path) -> None:
     """A binding as make_plan writes it (torch's pybind11 headers only, `torch::` as torch/types.h names it) for
-    declarations of the kinds candidates write, compiled against the CPU torch, linked with host code and the stub:
-    every function takes and returns what load_inline's own binding would (tensors, a list of tensors, an optional
+    declarations of the kinds candidates write, compiled once against the CPU torch and linked with the host code
+    and stub of two libraries whose functions and parameters have other names: each module has its own functions,
+    every one takes and returns what load_inline's own binding would (tensors, a list of tensors, an optional
     tensor, ints, floats, bools), and a failed TORCH_CHECK is a Python RuntimeError."""
     import subprocess
 
@@ -478,45 +502,55 @@ torch::Tensor maybe_add(torch::Tensor x, c10::optional<torch::Tensor> bias, int 
     return x;
 }
 """
-    functions = {"scaled": "", "split_halves": "", "maybe_add": ""}
-    binding, _, declared = split_build._binding(declarations, functions, pytorch_errors=True)
-    assert declared == set(functions) and "torch/extension.h" not in binding
-    (tmp_path / "binding.cpp").write_text(binding)
-    (tmp_path / "host.cpp").write_text("#include <torch/types.h>\n" + declarations + definitions)
+    renames = {"scaled": "affine", "split_halves": "halves", "maybe_add": "add_bias", "x": "input", "flip": "swap"}
+    libraries = {}
+    for library, names in (("ext_bound", {}), ("ext_renamed", renames)):
+        sources = [declarations, definitions]
+        for old, new in names.items():
+            sources = [re.sub(rf"\b{old}\b", new, text) for text in sources]
+        functions = {names.get(f, f): f"doc {f}" for f in ("scaled", "split_halves", "maybe_add")}
+        binding, _, table, declared = split_build._binding(sources[0], functions, pytorch_errors=True)
+        assert declared == set(functions) and "torch/extension.h" not in binding
+        libraries[library] = (binding, "#include <torch/types.h>\n" + "".join(sources) + table)
+    assert libraries["ext_bound"][0] == libraries["ext_renamed"][0]  # one binding for both
+    (tmp_path / "binding.cpp").write_text(libraries["ext_bound"][0])
     (tmp_path / "stub.cpp").write_text(split_build.STUB_SOURCE)
     from services.evaluator import pch
 
     cflags = pch._ninja_cflags([], with_cuda=False)
     assert cflags is not None
     compile_ = ["c++", *cflags, "-c"]
-    builds = [
-        [*compile_, f"-DTORCH_EXTENSION_NAME={split_build.BINDING_INIT}", "binding.cpp", "-o", "binding.o"],
-        [*compile_, "host.cpp", "-o", "host.o"],
-        [*compile_, "-DTORCH_EXTENSION_NAME=ext_bound", "stub.cpp", "-o", "stub.o"],
-    ]
+    builds = [[*compile_, f"-DTORCH_EXTENSION_NAME={split_build.BINDING_INIT}", "binding.cpp", "-o", "binding.o"]]
+    for library, (_, host) in libraries.items():
+        (tmp_path / f"{library}_host.cpp").write_text(host)
+        builds.append([*compile_, f"{library}_host.cpp", "-o", f"{library}_host.o"])
+        builds.append([*compile_, f"-DTORCH_EXTENSION_NAME={library}", "stub.cpp", "-o", f"{library}_stub.o"])
     running = [subprocess.Popen(b, cwd=tmp_path, stderr=subprocess.PIPE, text=True) for b in builds]
     for process in running:
         assert process.wait() == 0, process.stderr.read() if process.stderr else ""
     from torch.utils import cpp_extension
 
-    libraries = [f"-L{p}" for p in cpp_extension.library_paths()] + [
-        "-lc10",
-        "-ltorch",
-        "-ltorch_cpu",
-        "-ltorch_python",
-    ]
-    link = ["c++", "-shared", "stub.o", "binding.o", "host.o", *libraries, "-o", "ext_bound.so"]
-    subprocess.run(link, cwd=tmp_path, check=True)
-    module = build_cache._load_library(tmp_path / "ext_bound.so", "ext_bound", True)
+    linked = [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
+    modules = {}
+    for library in libraries:
+        objects = [f"{library}_stub.o", "binding.o", f"{library}_host.o"]
+        subprocess.run(["c++", "-shared", *objects, *linked, "-o", f"{library}.so"], cwd=tmp_path, check=True)
+        modules[library] = build_cache._load_library(tmp_path / f"{library}.so", library, True)
     x = torch.arange(6.0)
-    assert torch.equal(module.scaled(x, 2.0, 1), x * 2 + 1)
-    first, second = module.split_halves(x, True)
-    assert torch.equal(first, x[3:]) and torch.equal(second, x[:3])
-    assert torch.equal(module.maybe_add(x, None, 1), x) and torch.equal(module.maybe_add(x, x, 2), 3 * x)
-    with pytest.raises(RuntimeError, match="repeat must be positive"):
-        module.maybe_add(x, x, 0)
-    with pytest.raises(TypeError):
-        module.scaled(x, "two", 1)
+    for module, names in ((modules["ext_bound"], {}), (modules["ext_renamed"], renames)):
+        scaled, split_halves, maybe_add = (
+            getattr(module, names.get(f, f)) for f in ("scaled", "split_halves", "maybe_add")
+        )
+        assert not hasattr(module, "scaled" if names else "affine")
+        assert scaled.__doc__.strip().endswith("doc scaled")
+        assert torch.equal(scaled(x, 2.0, 1), x * 2 + 1)
+        first, second = split_halves(x, True)
+        assert torch.equal(first, x[3:]) and torch.equal(second, x[:3])
+        assert torch.equal(maybe_add(x, None, 1), x) and torch.equal(maybe_add(x, x, 2), 3 * x)
+        with pytest.raises(RuntimeError, match="repeat must be positive"):
+            maybe_add(x, x, 0)
+        with pytest.raises(TypeError):
+            scaled(x, "two", 1)
 
 
 def test_deeply_nested_sources_are_no_danger_to_the_service() -> None:
