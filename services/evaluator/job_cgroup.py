@@ -1,9 +1,10 @@
 """A cgroup per worker, where the host lets the service make one: the kernel's own count of a job's memory and CPU.
 
-The memory watch (pool.MemoryWatch) adds up the resident sets of a job's processes, and the judge's CPU clock adds
-up their CPU clocks (evaluation._cpu_clocks). Both miss what no live process shows: pages of a shared mapping or a
-memfd that no page table maps any more, files in a tmpfs, and the CPU time of a helper that exits before the judge
-reads its clock. A memory cgroup charges every page to the group that touched it first, whoever maps it later, and
+Without one, the memory watch (pool.MemoryWatch) adds up the resident sets of a job's processes, and the judge's
+CPU clock adds up their CPU clocks (evaluation._cpu_clocks). Both miss what no live process shows: pages of a
+shared mapping or a memfd that no page table maps any more, files in a tmpfs, and the CPU time of a helper that
+exits before the judge reads its clock; and the sum counts a page that forked processes share once for each of
+them. A memory cgroup charges every page to the group that touched it first, whoever maps it later, and
 the kernel kills the job (out of memory) at the limit; the group's CPU counter keeps the time of every process that
 ran in it, the exited ones too.
 

@@ -268,10 +268,11 @@ def _remove_stale_work_dirs(parent: Path) -> None:
 
 
 class MemoryWatch:
-    """Kills a job whose processes together hold more than `limit_mb` resident: the memory limit of workers without
-    RLIMIT_AS (CUDA maps far more virtual memory than it uses), and a backstop for the others. One scan of /proc
-    per period serves every watched job: with a scan per job, 16 evaluations on a GPU host kept the service's
-    interpreter busy with little else."""
+    """Kills a job whose processes together hold more than `limit_mb` resident where the job has no cgroup (there
+    the kernel counts and limits its memory, and the watch kills the rest of a job that lost a process to it): the
+    memory limit of workers without RLIMIT_AS (CUDA maps far more virtual memory than it uses), and a backstop for
+    the others. One scan of /proc per period serves every watched job: with a scan per job, 16 evaluations on a GPU
+    host kept the service's interpreter busy with little else."""
 
     def __init__(self, limit_mb: int, period_s: float = 0.5) -> None:
         self.limit_mb, self.period_s = limit_mb, period_s
@@ -299,15 +300,18 @@ class MemoryWatch:
         self.task = None  # no await since the check: a worker watched from now on starts a new task
 
     def _over_limit(self, workers: list[Worker]) -> list[Worker]:
-        """Workers whose job holds more than the limit resident, or lost a process to its cgroup's limit (the
-        kernel killed only that process on a cgroup v1: the rest of the job goes too)."""
-        table = sandbox.process_table()
+        """Workers whose job lost a process to its cgroup's limit (the kernel killed only that process on a cgroup
+        v1: the rest of the job goes too), or, without a cgroup, holds more than the limit resident. Where the job
+        has a cgroup, its count is the limit: a sum of resident sets counts a page that forked processes share once
+        for each of them (an honest job with 100 forks of a worker read as more than 6 GB and was killed)."""
+        table = sandbox.process_table() if any(worker.cgroup is None for worker in workers) else {}
         over = []
         for worker in workers:
             if worker.note_out_of_memory():
                 over.append(worker)
             elif (
-                worker.proc.returncode is None
+                worker.cgroup is None
+                and worker.proc.returncode is None
                 and sandbox.resident_bytes(worker.uid, worker.proc.pid, table) > self.limit_mb << 20
             ):
                 worker.killed_for = f"using more than {self.limit_mb} MB of resident memory"

@@ -174,6 +174,38 @@ def test_memory_no_process_maps_counts_in_the_jobs_cgroup(small_memory_client: h
     assert "MB of memory (its cgroup's count)" in result["message"], result["message"]
 
 
+# 24 forks of the worker that sleep: each one's resident set shows the pages it shares with the worker (about 150 MB
+# of torch's), past the 2,048 MB limit together, while the job holds little more than the worker alone.
+FORKING_CANDIDATE = """
+import os, time
+import torch.nn as nn
+
+forked = []
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        if not forked:
+            for _ in range(24):
+                pid = os.fork()
+                if pid == 0:
+                    time.sleep(600)
+                    os._exit(0)
+                forked.append(pid)
+            time.sleep(2)  # the watch looks twice a second
+        return x * 2.0
+"""
+
+
+def test_pages_forked_processes_share_count_once_in_the_jobs_cgroup(small_memory_client: httpx.Client) -> None:
+    """The watch's sum of resident sets counted each shared page once per fork and killed the job (`crashed`, as a
+    red-team job with 100 forks was); where the job has a cgroup, the kernel's count is the limit."""
+    if small_memory_client.get("/health").json()["details"].get("job_cgroups") is None:
+        pytest.skip("the service has no cgroups here (needs root and a memory controller, or a delegated v2 subtree)")
+    result = evaluate(small_memory_client, FORKING_CANDIDATE, SMALL_REFERENCE, timeout_s=120)
+    assert result["status"] == "correct", result["message"]
+
+
 # Kernel memory in no process's resident set and, on this kind of kernel, in no memory cgroup either: netlink receive
 # queues, filled 64 KB at a time to 2,560 MB against the 2,048 MB limit (a red-team candidate held 4 GiB so and scored
 # `correct`). The job's seccomp filter refuses the socket family.
