@@ -192,9 +192,11 @@ def _binding(cpp_sources: str, functions: dict[str, str], pytorch_errors: bool) 
     lines, module, table = [BINDING_PRELUDE, *kept], [f"PYBIND11_MODULE({BINDING_INIT}, m) {{\n"], []
     for index, name in enumerate(functions):
         pointer = f"ka_split_function_{index}"
-        # Not const: torch::wrap_pybind_function takes no const function pointer.
+        # Not const: torch::wrap_pybind_function takes no const function pointer. The table's pointer has the type
+        # of the binding's declaration, so a function of another type (a signature the stripping of names changed)
+        # does not compile, and the whole build decides.
         lines += [signatures[name], f"extern decltype(&ka_split_signature_{index}) {pointer};\n"]
-        table.append(f"extern decltype(&{name}) {pointer} = &{name};\n")
+        table += [signatures[name], f"extern decltype(&ka_split_signature_{index}) {pointer} = &{name};\n"]
         bound = f"torch::wrap_pybind_function({pointer})" if pytorch_errors else pointer
         module.append(f"m.def(ka_split_names[{index}], {bound}, ka_split_docs[{index}]);\n")
     lines.append("extern const char* const ka_split_names[];\nextern const char* const ka_split_docs[];\n")

@@ -200,7 +200,7 @@ def test_host_device_helpers_and_wrappers_in_cpp_sources(
     # Its signature, as tokens, in the binding; the table that reaches it after its definition in the host code.
     assert "torch :: Tensor ka_split_signature_0 ( torch :: Tensor ) ;" in wrapper.binding_source
     assert wrapper.host_source.index("torch::Tensor relu(torch::Tensor x) {") < wrapper.host_source.index(
-        "extern decltype(&relu) ka_split_function_0 = &relu;"
+        "extern decltype(&ka_split_signature_0) ka_split_function_0 = &relu;"
     )
 
 
@@ -478,7 +478,8 @@ def test_one_generated_binding_serves_libraries_of_other_names(tmp_path: Path) -
     declarations of the kinds candidates write, compiled once against the CPU torch and linked with the host code
     and stub of two libraries whose functions and parameters have other names: each module has its own functions,
     every one takes and returns what load_inline's own binding would (tensors, a list of tensors, an optional
-    tensor, ints, floats, bools), and a failed TORCH_CHECK is a Python RuntimeError."""
+    tensor, ints, floats, bools), and a failed TORCH_CHECK is a Python RuntimeError. A function whose type the
+    binding's declaration does not have is refused at compile time."""
     import subprocess
 
     torch = pytest.importorskip("torch")
@@ -525,9 +526,16 @@ torch::Tensor maybe_add(torch::Tensor x, c10::optional<torch::Tensor> bias, int 
         (tmp_path / f"{library}_host.cpp").write_text(host)
         builds.append([*compile_, f"{library}_host.cpp", "-o", f"{library}_host.o"])
         builds.append([*compile_, f"-DTORCH_EXTENSION_NAME={library}", "stub.cpp", "-o", f"{library}_stub.o"])
+    # A function whose type is not the binding's declaration (as if leaving out its parameters' names had changed
+    # their types): the table's pointer, of the binding's type, does not take it, and there is no library.
+    _, _, odd_table, _ = split_build._binding("torch::Tensor odd(torch::Tensor x);", {"odd": ""}, pytorch_errors=True)
+    odd = "torch::Tensor odd(torch::Tensor x, double scale) { return x * scale; }\n"
+    (tmp_path / "mismatch_host.cpp").write_text("#include <torch/types.h>\n" + odd + odd_table)
+    refused = subprocess.Popen([*compile_, "mismatch_host.cpp", "-o", "mismatch_host.o"], cwd=tmp_path)
     running = [subprocess.Popen(b, cwd=tmp_path, stderr=subprocess.PIPE, text=True) for b in builds]
     for process in running:
         assert process.wait() == 0, process.stderr.read() if process.stderr else ""
+    assert refused.wait() != 0
     from torch.utils import cpp_extension
 
     linked = [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
