@@ -1,7 +1,8 @@
 """A cgroup per worker, where the host lets the service make one: the kernel's own count of a job's memory and CPU.
 
-Without one, the memory watch (pool.MemoryWatch) adds up the resident sets of a job's processes, and the judge's
-CPU clock adds up their CPU clocks (evaluation._cpu_clocks). Both miss what no live process shows: pages of a
+Without one (and for the jobs pool._counted_by_cgroup leaves to it), the memory watch (pool.MemoryWatch) adds up
+the resident sets of a job's processes; without one the judge's CPU clock adds up their CPU clocks
+(evaluation._cpu_clocks). Both miss what no live process shows: pages of a
 shared mapping or a memfd that no page table maps any more, files in a tmpfs, and the CPU time of a helper that
 exits before the judge reads its clock; and the sum counts a page that forked processes share once for each of
 them. A memory cgroup charges every page to the group that touched it first, whoever maps it later, and

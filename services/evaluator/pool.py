@@ -268,10 +268,9 @@ def _remove_stale_work_dirs(parent: Path) -> None:
 
 
 class MemoryWatch:
-    """Kills a job whose processes together hold more than `limit_mb` resident where the job has no cgroup (there
-    the kernel counts and limits its memory, and the watch kills the rest of a job that lost a process to it): the
-    memory limit of workers without RLIMIT_AS (CUDA maps far more virtual memory than it uses), and a backstop for
-    the others. One scan of /proc per period serves every watched job: with a scan per job, 16 evaluations on a GPU
+    """Kills a job whose processes together hold more than `limit_mb` resident, unless its cgroup is all the limit
+    it needs (_counted_by_cgroup), and the rest of a job that lost a process to its cgroup's limit: the memory limit
+    of workers without RLIMIT_AS (CUDA maps far more virtual memory than it uses), and a backstop for the others. One scan of /proc per period serves every watched job: with a scan per job, 16 evaluations on a GPU
     host kept the service's interpreter busy with little else."""
 
     def __init__(self, limit_mb: int, period_s: float = 0.5) -> None:
@@ -301,22 +300,32 @@ class MemoryWatch:
 
     def _over_limit(self, workers: list[Worker]) -> list[Worker]:
         """Workers whose job lost a process to its cgroup's limit (the kernel killed only that process on a cgroup
-        v1: the rest of the job goes too), or, without a cgroup, holds more than the limit resident. Where the job
-        has a cgroup, its count is the limit: a sum of resident sets counts a page that forked processes share once
-        for each of them (an honest job with 100 forks of a worker read as more than 6 GB and was killed)."""
-        table = sandbox.process_table() if any(worker.cgroup is None for worker in workers) else {}
+        v1: the rest of the job goes too), or holds more than the limit resident. The cgroup's count alone is the
+        limit of a CPU job in strict isolation (_counted_by_cgroup): a sum of resident sets counts a page that
+        forked processes share once for each of them (an honest job with 100 forks of a worker read as more than
+        6 GB and was killed)."""
+        summed = [worker for worker in workers if not _counted_by_cgroup(worker)]
+        table = sandbox.process_table() if summed else {}
         over = []
         for worker in workers:
             if worker.note_out_of_memory():
                 over.append(worker)
             elif (
-                worker.cgroup is None
+                worker in summed
                 and worker.proc.returncode is None
                 and sandbox.resident_bytes(worker.uid, worker.proc.pid, table) > self.limit_mb << 20
             ):
                 worker.killed_for = f"using more than {self.limit_mb} MB of resident memory"
                 over.append(worker)
         return over
+
+
+def _counted_by_cgroup(worker: Worker) -> bool:
+    """Whether the job's cgroup is all the memory limit it needs: a CPU job under a uid of its own, which cannot
+    write its group's root-owned files (in process isolation with a delegated cgroup v2 subtree the job could raise
+    its own `memory.max`), and whose memory the group surely counts (a CUDA worker's pinned host memory may not be
+    charged to it; not measured)."""
+    return worker.cgroup is not None and worker.uid is not None and worker.device == "cpu"
 
 
 def _waiting_to_run(pid: int) -> bool:

@@ -47,6 +47,7 @@ from services.evaluator.split_source import NotSplittable
 log = logging.getLogger(__name__)
 
 BINDING_INIT = "ka_split_binding"
+HIDDEN = '__attribute__((visibility("hidden")))'
 BINDING_DIR = "split-bindings"
 # A split build that takes longer is abandoned for the whole build, which must still fit in the evaluation's time.
 BUILD_TIMEOUT_S = 120
@@ -166,6 +167,11 @@ def _binding(cpp_sources: str, functions: dict[str, str], pytorch_errors: bool) 
             continue
         body = None
         if node.type in ("preproc_include", "preproc_def", "preproc_function_def", "preproc_call"):
+            path = node.child_by_field_name("path") if node.type == "preproc_include" else None
+            if path is not None and path.type != "system_lib_string":
+                # Found from the build directory or through a macro: the binding, shared by every library of the
+                # same text, would depend on the files beside the first one built.
+                raise NotSplittable("an include in cpp_sources other than <...>")
             if split_source.text(node).strip() != "#include <torch/extension.h>":
                 kept.append(split_source.text(node).strip() + "\n")
             definitions.append(split_source.text(node).strip() + "\n")
@@ -182,28 +188,37 @@ def _binding(cpp_sources: str, functions: dict[str, str], pytorch_errors: bool) 
             raise NotSplittable(f"cpp_sources with a top-level {node.type}")
         declared |= names
         definitions.append(split_source.text(node) + "\n")
-        for name in sorted((names & set(functions)) - set(signatures)):
+        for name in sorted(names & set(functions)):
             if len(names) > 1:
                 raise NotSplittable("a declaration of several functions, one of them bound")
             alias = f"ka_split_signature_{order[name]}"
-            signatures[name] = split_source.signature(node, name, alias, stop=body).removesuffix(" ;") + " ;\n"
+            signature = split_source.signature(node, name, alias, stop=body).removesuffix(" ;") + " ;\n"
+            if signatures.setdefault(name, signature) != signature:
+                # load_inline's binding cannot take an overloaded name (or the split would pick one of them).
+                raise NotSplittable("a bound function declared twice with other signatures")
     if set(functions) - declared:
         raise NotSplittable("a bound function cpp_sources do not declare")
     lines, module, table = [BINDING_PRELUDE, *kept], [f"PYBIND11_MODULE({BINDING_INIT}, m) {{\n"], []
     for index, name in enumerate(functions):
         pointer = f"ka_split_function_{index}"
         # Not const: torch::wrap_pybind_function takes no const function pointer. The table's pointer has the type
-        # of the binding's declaration, so a function of another type (a signature the stripping of names changed)
-        # does not compile, and the whole build decides.
-        lines += [signatures[name], f"extern decltype(&ka_split_signature_{index}) {pointer};\n"]
-        table += [signatures[name], f"extern decltype(&ka_split_signature_{index}) {pointer} = &{name};\n"]
+        # of the declaration as the host code reads it, so a function of another type (a signature the stripping of
+        # names changed) does not compile; and the binding needs a function whose mangled name holds that type as
+        # the binding reads it, which the table defines as the host code does, so the two readings must agree or
+        # the library does not load. Either way the whole build decides.
+        # Hidden: resolved when the library is linked, never by another library loaded before it.
+        pointer_type = f"decltype(&ka_split_signature_{index})"
+        checked = f"{HIDDEN} void ka_split_type_{index}({pointer_type})"
+        lines += [signatures[name], f"extern {HIDDEN} {pointer_type} {pointer};\n{checked};\n"]
+        lines.append(f"{HIDDEN} void (*ka_split_type_check_{index})({pointer_type}) = &ka_split_type_{index};\n")
+        table += [signatures[name], f"extern {HIDDEN} {pointer_type} {pointer} = &{name};\n{checked} {{}}\n"]
         bound = f"torch::wrap_pybind_function({pointer})" if pytorch_errors else pointer
         module.append(f"m.def(ka_split_names[{index}], {bound}, ka_split_docs[{index}]);\n")
-    lines.append("extern const char* const ka_split_names[];\nextern const char* const ka_split_docs[];\n")
     # Written as load_inline writes them into main.cpp: a name or docstring it could not compile, this cannot either.
     for array, texts in (("ka_split_names", list(functions)), ("ka_split_docs", list(functions.values()))):
+        lines.append(f"extern {HIDDEN} const char* const {array}[];\n")
         quoted = ", ".join(f'"{text}"' for text in texts)
-        table.append(f"extern const char* const {array}[] = {{{quoted}}};\n")
+        table.append(f"extern {HIDDEN} const char* const {array}[] = {{{quoted}}};\n")
     return "".join([*lines, *module, "}\n"]), "".join(definitions), "".join(table), declared
 
 

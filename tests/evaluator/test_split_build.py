@@ -200,7 +200,7 @@ def test_host_device_helpers_and_wrappers_in_cpp_sources(
     # Its signature, as tokens, in the binding; the table that reaches it after its definition in the host code.
     assert "torch :: Tensor ka_split_signature_0 ( torch :: Tensor ) ;" in wrapper.binding_source
     assert wrapper.host_source.index("torch::Tensor relu(torch::Tensor x) {") < wrapper.host_source.index(
-        "extern decltype(&ka_split_signature_0) ka_split_function_0 = &relu;"
+        "decltype(&ka_split_signature_0) ka_split_function_0 = &relu;"
     )
 
 
@@ -230,11 +230,29 @@ def test_binding_is_what_load_inline_generates_for_the_signatures_alone() -> Non
     assert key(with_pytorch_error_handling=False) != key()
 
 
-def test_a_declaration_of_several_functions_one_of_them_bound_takes_the_whole_build() -> None:
+@pytest.mark.parametrize(
+    ("cpp_sources", "reason"),
+    [
+        ("void f(torch::Tensor y), g(int);", "several functions"),
+        # load_inline's binding cannot take an overloaded name; the split's table would pick one.
+        ("void f(torch::Tensor y);\nvoid f(torch::Tensor y, int64_t k);", "declared twice with other signatures"),
+        # Found beside the first library built: a binding shared by the same text would depend on it.
+        ('#include "helpers.h"\nvoid f(torch::Tensor y);', "other than <...>"),
+        ("#define HEADER <vector>\n#include HEADER\nvoid f(torch::Tensor y);", "other than <...>"),
+    ],
+)
+def test_cpp_sources_a_shared_binding_cannot_serve_take_the_whole_build(cpp_sources: str, reason: str) -> None:
     cuda = "__global__ void k(float* y) { y[0] = 1; }\nvoid f(torch::Tensor y) { k<<<1, 1>>>(y.data_ptr<float>()); }\n"
-    arguments = {"cpp_sources": "void f(torch::Tensor y), g(int);", "cuda_sources": cuda, "functions": ["f"]}
+    arguments = {"cpp_sources": cpp_sources, "cuda_sources": cuda, "functions": ["f"]}
     plan, why = split_build.try_plan(arguments)
-    assert plan is None and "several functions" in why
+    assert plan is None and reason in why, why
+
+
+def test_a_declaration_and_the_definition_of_a_bound_function_share_a_signature() -> None:
+    cuda = "__global__ void k(float* y) { y[0] = 1; }\nvoid launch(float* y) { k<<<1, 1>>>(y); }\n"
+    cpp = "void launch(float* y);\nvoid f(torch::Tensor y);\nvoid f(torch::Tensor x) { launch(x.data_ptr<float>()); }"
+    plan, why = split_build.try_plan({"cpp_sources": cpp, "cuda_sources": cuda, "functions": ["f"]})
+    assert plan is not None, why
 
 
 @pytest.mark.parametrize(
@@ -544,6 +562,18 @@ torch::Tensor maybe_add(torch::Tensor x, c10::optional<torch::Tensor> bias, int 
         objects = [f"{library}_stub.o", "binding.o", f"{library}_host.o"]
         subprocess.run(["c++", "-shared", *objects, *linked, "-o", f"{library}.so"], cwd=tmp_path, check=True)
         modules[library] = build_cache._load_library(tmp_path / f"{library}.so", library, True)
+    # A host file whose reading of a signature is another (a float where the binding has a double): the pointer
+    # links (a variable's symbol holds no type), but the binding's check of the types, a hidden function whose
+    # mangled name holds them, is not defined there, and the link fails.
+    other = [text.replace("double scale", "float scale") for text in (declarations, definitions)]
+    bound = dict.fromkeys(("scaled", "split_halves", "maybe_add"), "")
+    _, _, other_table, _ = split_build._binding(other[0], bound, pytorch_errors=True)
+    (tmp_path / "other_host.cpp").write_text("#include <torch/types.h>\n" + "".join(other) + other_table)
+    subprocess.run([*compile_, "other_host.cpp", "-o", "other_host.o"], cwd=tmp_path, check=True)
+    objects = ["ext_bound_stub.o", "binding.o", "other_host.o"]
+    link = ["c++", "-shared", *objects, *linked, "-o", "other.so"]
+    mislinked = subprocess.run(link, cwd=tmp_path, capture_output=True, text=True)
+    assert mislinked.returncode != 0 and "ka_split_type_0" in mislinked.stderr, mislinked.stderr
     x = torch.arange(6.0)
     for module, names in ((modules["ext_bound"], {}), (modules["ext_renamed"], renames)):
         scaled, split_halves, maybe_add = (
