@@ -107,7 +107,7 @@ class Worker:
     # The service's end of the worker's handover socket, on a GPU (device_handover).
     handover: socket.socket | None = None
     # Its directories as made (_dir_identities), which an idle worker's must still be when it is taken.
-    made_dirs: list[tuple[int, int, int] | None] = field(default_factory=list)
+    made_dirs: list[tuple[int, int, int, bool] | None] = field(default_factory=list)
 
     async def send(self, message: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
@@ -270,8 +270,9 @@ def _remove_stale_work_dirs(parent: Path) -> None:
 class MemoryWatch:
     """Kills a job whose processes together hold more than `limit_mb` resident, unless its cgroup is all the limit
     it needs (_counted_by_cgroup), and the rest of a job that lost a process to its cgroup's limit: the memory limit
-    of workers without RLIMIT_AS (CUDA maps far more virtual memory than it uses), and a backstop for the others. One scan of /proc per period serves every watched job: with a scan per job, 16 evaluations on a GPU
-    host kept the service's interpreter busy with little else."""
+    of workers without RLIMIT_AS (CUDA maps far more virtual memory than it uses), and a backstop for the others.
+    One scan of /proc per period serves every watched job: with a scan per job, 16 evaluations on a GPU host kept
+    the service's interpreter busy with little else."""
 
     def __init__(self, limit_mb: int, period_s: float = 0.5) -> None:
         self.limit_mb, self.period_s = limit_mb, period_s
@@ -343,16 +344,19 @@ def _waiting_to_run(pid: int) -> bool:
     return state not in (b"Z", b"X", b"x")
 
 
-def _dir_identities(worker: Worker) -> list[tuple[int, int, int] | None]:
-    """Device, inode and mode of a worker's directories (None for one that is not a directory)."""
-    identities: list[tuple[int, int, int] | None] = []
+def _dir_identities(worker: Worker) -> list[tuple[int, int, int, bool] | None]:
+    """Device, inode, mode and whether it has an ACL, of each of a worker's directories (None for one that is not a
+    directory)."""
+    identities: list[tuple[int, int, int, bool] | None] = []
     for path in (worker.root, worker.home):
         try:
             info = os.lstat(path)
         except OSError:
             identities.append(None)
             continue
-        identities.append((info.st_dev, info.st_ino, info.st_mode) if stat.S_ISDIR(info.st_mode) else None)
+        identities.append(
+            (info.st_dev, info.st_ino, info.st_mode, sandbox.has_acl(path)) if stat.S_ISDIR(info.st_mode) else None
+        )
     return identities
 
 
@@ -362,11 +366,7 @@ def _untouched(worker: Worker) -> bool:
     read-only (by their modes or by a default ACL the service's new files inherit), replaced them, or planted the
     entry the service makes when it hands a worker its files; the evaluation that took the worker as its timer
     would then be rejected for what a job that has ended did."""
-    return (
-        _dir_identities(worker) == worker.made_dirs
-        and not any(sandbox.has_acl(path) for path in (worker.root, worker.home))
-        and not os.path.lexists(worker.home / "inputs")
-    )
+    return _dir_identities(worker) == worker.made_dirs and not os.path.lexists(worker.home / "inputs")
 
 
 class WorkerPool:
