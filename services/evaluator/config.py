@@ -30,7 +30,7 @@ HACK_FLAGS = frozenset(
     }
 )
 # Flags that say how a verdict was reached; reported, never rejecting unless listed in `reject_flags`.
-ADVISORY_FLAGS = frozenset({"try_except_fallback", "timed_by_judge", "unverified_timing"})
+ADVISORY_FLAGS = frozenset({"try_except_fallback", "timed_by_judge", "unverified_timing", "charged_outside_calls"})
 ALL_FLAGS = HACK_FLAGS | ADVISORY_FLAGS
 
 
