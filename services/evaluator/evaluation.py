@@ -84,6 +84,8 @@ UNEXPLAINED_SLACK_S = 0.0002
 JITTER_FACTOR = 3.0
 CLOCKED_SHARE = 0.10
 UNEXPLAINED_Z = 3.09
+# The candidate's draws are charged to it where they rank above the reference's at this z (one-sided p = 0.05).
+CHARGE_Z = 1.64
 # The same for the candidate's slowest blocks above all of the reference's (_slower_beyond_chance).
 SLOWEST_BLOCKS_P = 0.001
 # Timing rounds: while the judge's noise is too large against the candidate's blocks, the next round has longer
@@ -1357,38 +1359,58 @@ def hides_work(reference: list[Block], candidate: list[Block]) -> str:
     return ""
 
 
-def slower_outside_calls(reference: list[Block], candidate: list[Block]) -> str:
-    """Which step around the timed calls (drawing the inputs, the digest, or those with the rest of the block) took the candidate longer than the
-    reference beyond chance (_slower_beyond_chance), by the judge's clock or by the wall clock, or "". Both run the same
-    code there, so more time is work moved out of the timed calls: answers computed while the inputs were drawn, or
-    only when the digest asked for them. On a CPU the judge's clock is CPU time, and a process that exits before the
-    reply takes its CPU time with it; work done there still takes wall time (on a GPU the two clocks are one)."""
-    # Each step by each clock (Block's fields: drawn_s, drawn_wall_s, ...), then steps together: work moved into
-    # the draw in some blocks and into the digest, or past the end of the timed calls (hides_work), in others, too
-    # few blocks of each to see alone (a red-team candidate split 16 of 20 blocks between the draw and the time after
-    # its calls returned, 8 each, and scored correct at 1.3x and 3.0x).
-    steps = (
-        ("drawing the inputs", ("drawn",)),
-        ("the output digest", ("digest",)),
-        ("drawing the inputs and the digest together", ("drawn", "digest")),
-        ("all the time around the timed calls (drawing, the block, the digest)", ("drawn", "unexplained", "digest")),
-    )
-    for clock, suffix, block_field in (
-        ("the judge's clock", "_s", "clocked_s"),
-        ("the wall clock", "_wall_s", "wall_s"),
+def slower_outside_calls(reference: list[Block], candidate: list[Block], threads: int = 1) -> str:
+    """Which step around the timed calls (drawing the inputs, the digest, or those with the rest of the block) took
+    the candidate longer than the reference beyond chance (_slower_beyond_chance), by the judge's clock or by the wall
+    clock, or "". Both run the same code there, so more time is work moved out of the timed calls: answers computed
+    while the inputs were drawn, or only when the digest asked for them. On a CPU the judge's clock is CPU time
+    (divided by the worker's torch `threads`), and a process that exits before the reply takes its CPU time with it;
+    work done there still takes wall time (on a GPU the two clocks are one).
+
+    The draw's time by the judge's clock is counted in the candidate's samples (charged_outside_calls), so here it is
+    flagged only beyond MAX_ROOM_SHARE of the step or of the block; the wall clock looks at the draw's time off the
+    CPU (its wall time less its CPU time), which a process that draws slower on the CPU does not change: honest
+    candidates' draws cost them 13-17 % more CPU time than the reference's timer in every block of three rounds in
+    two CI runs, for a reason not found, and were rejected while the draw's whole time was compared."""
+
+    def draw_off_cpu(block: Block) -> float:
+        return block.drawn_wall_s - block.drawn_s * threads
+
+    judges_clock: list[tuple[str, Callable[[Block], float], float]] = [
+        ("drawing the inputs", lambda b: b.drawn_s, MAX_ROOM_SHARE),
+        ("the output digest", lambda b: b.digest_s, UNEXPLAINED_SHARE),
+        ("the digest and the time after the calls together", lambda b: b.unexplained_s + b.digest_s, UNEXPLAINED_SHARE),
+    ]
+    # Each step, then steps together: work moved into the draw in some blocks and into the digest, or past the end
+    # of the timed calls (hides_work), in others, too few blocks of each to see alone (a red-team candidate split 16
+    # of 20 blocks between the draw and the time after its calls returned, 8 each, and scored correct at 1.3x and
+    # 3.0x).
+    wall_clock: list[tuple[str, Callable[[Block], float], float]] = [
+        ("drawing the inputs (off the CPU)", draw_off_cpu, UNEXPLAINED_SHARE),
+        ("the output digest", lambda b: b.digest_wall_s, UNEXPLAINED_SHARE),
+        (
+            "drawing the inputs (off the CPU) and the digest together",
+            lambda b: draw_off_cpu(b) + b.digest_wall_s,
+            UNEXPLAINED_SHARE,
+        ),
+        (
+            "all the time around the timed calls (drawing off the CPU, the block, the digest)",
+            lambda b: draw_off_cpu(b) + b.unexplained_wall_s + b.digest_wall_s,
+            UNEXPLAINED_SHARE,
+        ),
+    ]
+    for clock, steps, block_s in (
+        ("the judge's clock", judges_clock, statistics.median(b.clocked_s for b in candidate)),
+        ("the wall clock", wall_clock, statistics.median(b.wall_s for b in candidate)),
     ):
-        block_s = statistics.median(getattr(b, block_field) for b in candidate)
-        for step, parts in steps:
-            ours, theirs = (
-                [sum(getattr(b, part + suffix) for part in parts) for b in side] for side in (candidate, reference)
-            )
-            # What these steps take beyond the reference's is counted in the candidate's time anyway
-            # (charged_outside_calls), so moving work there buys nothing; the flag is for what no honest process
-            # does: more than MAX_ROOM_SHARE of the step or of the candidate's block. An honest candidate's draws
-            # cost it more than the reference's in every block of three rounds at times, for a reason not found
-            # (13.5 against 11.9 ms, and 8.6 against 7.3 ms, in two CI runs).
+        for step, value, share in steps:
+            ours, theirs = [value(b) for b in candidate], [value(b) for b in reference]
+            # The slack is at least hides_work's (5 % of the block: an honest candidate's refills may cost it a
+            # little more than the reference's in every block), and never below CLOCKED_SHARE of the candidate's
+            # block, the room a report has anyway (judge_room_s): less work moved buys at most
+            # 1 / (1 - CLOCKED_SHARE) of speed.
             scale = max(statistics.median(ours), block_s)
-            slack = MAX_ROOM_SHARE * scale + UNEXPLAINED_SLACK_S
+            slack = max(share * scale, CLOCKED_SHARE * block_s) + UNEXPLAINED_SLACK_S
             seen = _slower_beyond_chance(ours, theirs, slack, block_s)
             if seen:
                 return (
@@ -1402,28 +1424,27 @@ def slower_outside_calls(reference: list[Block], candidate: list[Block]) -> str:
 def charged_outside_calls(
     reference: list[Block], candidate: list[Block], candidate_ms: list[float], threads: int = 1
 ) -> list[float]:
-    """The candidate's per-call samples (one per block, in block order) with the time its steps around the calls
-    (drawing the inputs, the digest) took beyond the reference's median counted in, block by block, by whichever
-    clock counts more in that block; the samples as they are where that does not raise their median.
+    """The candidate's per-call samples (one per block, in block order) with the CPU time its draw took beyond the
+    reference's median counted in, block by block; the samples as they are where that does not raise their median.
 
     Both sides run the same code there, so more time is work moved out of the timed calls, or a process that draws
     slower than the reference's timer (an honest candidate's did by up to 17 % in every block of a CI run, for a
-    reason not found): either way the speedup is of the whole cycle's extra time. Block by block, so work moved
-    into some blocks' draws is charged to those blocks, whose samples the median takes; by the larger clock in each,
-    so work split between a thread beside the draw (CPU time only) and helpers that exit before the reply (wall time
-    only) is charged wherever it went. On a CPU the judge's clock is divided by the worker's `threads`; the draw
-    runs on one, so a thread working beside it would be charged a fraction: here the CPU time counts whole."""
+    reason not found): either way the speedup is of the whole cycle's extra time, and the flag
+    (slower_outside_calls) can leave the draw's time by this clock a wide slack. Block by block, so work moved into
+    some blocks' draws is charged to those blocks, whose samples the median takes. The judge's clock is divided by
+    the worker's `threads`; the draw runs on one, so a thread working beside it would be charged a fraction: here
+    the CPU time counts whole. Only the draw: the digest's time varies between two processes by far more (medians
+    of 3.6 and 5.7 ms a block in one evaluation of identical code), and is held to the flag's narrow slack.
 
-    def cpu(block: Block) -> float:
-        return (block.drawn_s + block.digest_s) * threads
-
-    def wall(block: Block) -> float:
-        return block.drawn_wall_s + block.digest_wall_s
-
-    reference_cpu = statistics.median(cpu(b) for b in reference)
-    reference_wall = statistics.median(wall(b) for b in reference)
+    Charged only where the candidate's draws are slower beyond chance (CHARGE_Z): each honest draw varies by a few
+    per cent, which on a small problem is several per cent of its calls' time (identical code scored 0.85-1.02x
+    here, mean 0.92, when every block's excess was charged). Less than that noise moved into every draw goes
+    uncharged; work moved into just over half of the blocks, which sets the median, ranks at z 2.96."""
+    if _rank_z([b.drawn_s for b in candidate], [b.drawn_s for b in reference]) <= CHARGE_Z:
+        return candidate_ms
+    theirs = statistics.median(b.drawn_s for b in reference) * threads
     charged = [
-        max(0.0, ms + max(cpu(b) - reference_cpu, wall(b) - reference_wall) * 1e3 / len(b.ms))
+        max(0.0, ms + (b.drawn_s * threads - theirs) * 1e3 / len(b.ms))
         for ms, b in zip(candidate_ms, candidate, strict=True)
     ]
     return charged if statistics.median(charged) > statistics.median(candidate_ms) else candidate_ms
@@ -1445,10 +1466,7 @@ def _slower_beyond_chance(ours: list[float], theirs: list[float], slack: float, 
     n, m = len(ours), len(theirs)
     if not n or not m:
         return ""
-    wins = sum(1.0 if c > r else 0.5 if c == r else 0.0 for c in ours for r in theirs)
-    spread = math.sqrt(n * m * (n + m + 1) / 12)
-    z = (wins - n * m / 2 - 0.5) / spread if spread else 0.0
-    if z > UNEXPLAINED_Z and statistics.median(ours) - statistics.median(theirs) > slack:
+    if _rank_z(ours, theirs) > UNEXPLAINED_Z and statistics.median(ours) - statistics.median(theirs) > slack:
         return "in nearly every pair of blocks"
     slowest_theirs = max(theirs)
     above = sorted((v for v in ours if v > slowest_theirs), reverse=True)
@@ -1458,6 +1476,14 @@ def _slower_beyond_chance(ours: list[float], theirs: list[float], slack: float, 
                 return ""
             return f"in its {k} slowest of {n} blocks, each slower than any of the reference's {m}"
     return ""
+
+
+def _rank_z(ours: list[float], theirs: list[float]) -> float:
+    """How far `ours` lies above `theirs`: a one-sided Mann-Whitney test's z (normal approximation)."""
+    n, m = len(ours), len(theirs)
+    wins = sum(1.0 if c > r else 0.5 if c == r else 0.0 for c in ours for r in theirs)
+    spread = math.sqrt(n * m * (n + m + 1) / 12)
+    return (wins - n * m / 2 - 0.5) / spread if spread else 0.0
 
 
 def judge_room_s(reference: list[Block], clocked_s: float) -> float:
@@ -1511,7 +1537,7 @@ def judge_timing(
     if ref_blocks and cand_blocks:
         if any(b.wall_s - sum(b.ms) / 1e3 < -1e-3 for b in cand_blocks):
             flags["implausible_timing"] = "the reported times exceed the time that elapsed"
-        elif moved := slower_outside_calls(ref_blocks, cand_blocks):
+        elif moved := slower_outside_calls(ref_blocks, cand_blocks, threads):
             flags["implausible_timing"] = moved
         elif hidden := hides_work(ref_blocks, cand_blocks):
             flags["implausible_timing"] = hidden
@@ -1528,7 +1554,7 @@ def judge_timing(
         charged = charged_outside_calls(ref_blocks, cand_blocks, candidate_ms, threads)
         if statistics.median(charged) > (1 + UNEXPLAINED_SHARE) * statistics.median(candidate_ms):
             flags["charged_outside_calls"] = (
-                f"drawing the inputs and the digest took the candidate longer than the reference (median "
+                f"drawing the inputs took the candidate longer than the reference (median "
                 f"{statistics.median(candidate_ms):.4f} ms per call before, {statistics.median(charged):.4f} ms "
                 "after counting it in): the extra time is counted in its samples"
             )

@@ -132,7 +132,7 @@ def test_work_split_between_the_draw_and_the_digest_is_flagged():
         + _blocks(rng, 2e-3, 2e-3, count=9)
     )
     found = slower_outside_calls(_blocks(rng, 2e-3, 2e-3), candidate)
-    assert found.startswith("drawing the inputs and the digest together"), found
+    assert found.startswith("drawing the inputs (off the CPU) and the digest together"), found
 
 
 def test_work_split_between_the_draw_and_the_time_after_the_calls_is_flagged():
@@ -150,10 +150,12 @@ def test_work_split_between_the_draw_and_the_time_after_the_calls_is_flagged():
 
 
 def _timed(rng: random.Random, call_ms: float, drawn_s: float, drawn_wall_s: float, count: int = 20) -> list[Block]:
-    """Blocks of 8 calls of `call_ms` each (reported), 10 % noise on every step."""
+    """Blocks of 8 calls of `call_ms` each (reported), 10 % noise on every step; the judge's clock and the wall
+    clock see 0.2 ms around the calls."""
     blocks = _blocks(rng, drawn_s, drawn_wall_s, count=count)
     for block in blocks:
         block.ms = [call_ms * rng.uniform(0.95, 1.05)] * 8
+        block.clocked_s = block.wall_s = sum(block.ms) / 1e3 + 0.2e-3
     return blocks
 
 
@@ -178,23 +180,26 @@ def test_work_moved_into_just_over_half_of_the_draws_is_charged_to_those_blocks(
     assert 0.9 < _charged_median(reference, candidate) < 1.1
 
 
-def test_work_only_the_wall_clock_sees_is_charged_by_it():
-    """Helpers that compute while the inputs are drawn and exit before the reply take their CPU time with them."""
-    rng = random.Random(13)
-    reference = _timed(rng, 1.0, 2e-3, 2e-3)
-    helped = _timed(rng, 0.0, 2e-3, 10e-3)
-    assert 0.9 < _charged_median(reference, helped) < 1.1
-
-
-def test_work_split_between_the_two_clocks_is_charged_wherever_it_went():
+def test_work_split_between_a_thread_beside_the_draw_and_helpers_that_exit_is_seen():
     """A red-team candidate: in 10 blocks a thread beside the draw computes the answers (CPU time only: the draw runs
-    on one core), in the 10 others helpers that exit before the reply do (wall time only). Neither clock's median
-    moves; each block's larger clock does."""
+    on one core: charged), in the 10 others helpers that exit before the reply do (wall time only). The draw's 10
+    slowest blocks, by either clock, come by chance once in 5,000."""
     rng = random.Random(16)
     reference = _timed(rng, 1.0, 2e-3, 2e-3)
-    candidate = _timed(rng, 0.0, 10e-3, 2e-3, count=10) + _timed(rng, 0.0, 2e-3, 10e-3, count=10)
+    candidate = _timed(rng, 0.8, 3.6e-3, 2e-3, count=10) + _timed(rng, 0.0, 2e-3, 10e-3, count=10)
     rng.shuffle(candidate)
-    assert 0.9 < _charged_median(reference, candidate) < 1.1
+    found = slower_outside_calls(reference, candidate)
+    assert found.startswith("drawing the inputs") and "in its 10 slowest" in found, found
+
+
+def test_the_digest_is_not_charged():
+    """Its time varies between two processes of identical code far more than the draw's; the flag holds it."""
+    rng = random.Random(18)
+    reference = _timed(rng, 1.0, 2e-3, 2e-3)
+    candidate = _timed(rng, 1.0, 2e-3, 2e-3)
+    for block in candidate:
+        block.digest_s = block.digest_wall_s = 3e-3  # 0.25 ms a call more, a quarter of the call, if charged
+    assert _charged_median(reference, candidate) < 1.05 * statistics.median(b.per_call_ms for b in candidate)
 
 
 def test_a_thread_beside_the_draw_is_charged_its_whole_cpu_time():
@@ -217,8 +222,9 @@ def test_faster_draws_earn_no_credit():
 
 
 def test_the_same_steps_cost_an_honest_candidate_little():
-    """Draws with the reference's distribution: what chance charges is small against the calls (2 ms draws, 8 ms of
-    calls a block, 10 % noise on each)."""
+    """Draws with the reference's distribution, twice as long as the calls (16 ms draws, 8 ms of calls a block, 10 %
+    noise on each): chance is charged only where the candidate's draws rank above the reference's beyond it, about
+    0.4 % of the time on average here (2 % were every block's excess charged)."""
     rng = random.Random(15)
-    charged = [_charged_median(_timed(rng, 1.0, 2e-3, 2e-3), _timed(rng, 1.0, 2e-3, 2e-3)) for _ in range(200)]
-    assert statistics.mean(charged) < 1.03, statistics.mean(charged)
+    charged = [_charged_median(_timed(rng, 1.0, 16e-3, 16e-3), _timed(rng, 1.0, 16e-3, 16e-3)) for _ in range(200)]
+    assert statistics.mean(charged) < 1.01, statistics.mean(charged)
