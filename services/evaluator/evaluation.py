@@ -1369,12 +1369,18 @@ def slower_outside_calls(reference: list[Block], candidate: list[Block], threads
 
     The draw's time by the judge's clock is counted in the candidate's samples (charged_outside_calls), so here it is
     flagged only beyond MAX_ROOM_SHARE of the step or of the block; the wall clock looks at the draw's time off the
-    CPU (its wall time less its CPU time), which a process that draws slower on the CPU does not change: honest
+    CPU beyond what its CPU time explains (its wall time less its CPU time scaled as the reference's draws are),
+    which a process that draws slower on the CPU does not change, loaded machine or not: honest
     candidates' draws cost them 13-17 % more CPU time than the reference's timer in every block of three rounds in
     two CI runs, for a reason not found, and were rejected while the draw's whole time was compared."""
 
+    # Off the CPU as the reference's draws are: a loaded machine makes every draw wait for a core in proportion to
+    # its CPU time, so a draw slower on the CPU waits longer too.
+    waits = [b.drawn_wall_s / (b.drawn_s * threads) for b in reference if b.drawn_s > 0]
+    wall_per_cpu_s = statistics.median(waits) if waits else 1.0
+
     def draw_off_cpu(block: Block) -> float:
-        return block.drawn_wall_s - block.drawn_s * threads
+        return block.drawn_wall_s - block.drawn_s * threads * wall_per_cpu_s
 
     judges_clock: list[tuple[str, Callable[[Block], float], float]] = [
         ("drawing the inputs", lambda b: b.drawn_s, MAX_ROOM_SHARE),
