@@ -164,10 +164,8 @@ def run_job(context: WorkerContext, job: dict[str, Any]) -> None:
 
 
 def seed_everything(seed: int) -> None:
-    random.seed(seed)
+    _seed_host_generators(seed)
     torch.manual_seed(seed)
-    if "numpy" in sys.modules:
-        sys.modules["numpy"].random.seed(seed % 2**32)
 
 
 def load_source(name: str, source: str, path: Path) -> ModuleType:
