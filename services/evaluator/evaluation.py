@@ -1446,9 +1446,13 @@ def charged_outside_calls(
     per cent, which on a small problem is several per cent of its calls' time (identical code scored 0.85-1.02x
     here, mean 0.92, when every block's excess was charged). Less than that noise moved into every draw goes
     uncharged; work moved into just over half of the blocks, which sets the median, ranks at z 2.96."""
-    if _rank_z([b.drawn_s for b in candidate], [b.drawn_s for b in reference]) <= CHARGE_Z:
-        return candidate_ms
-    theirs = statistics.median(b.drawn_s for b in reference) * threads
+    if _rank_z([b.drawn_s for b in candidate], [b.drawn_s for b in reference]) > CHARGE_Z:
+        theirs = statistics.median(b.drawn_s for b in reference) * threads
+    else:
+        # Below the gate, each block's draw beyond the slowest of the reference's: work moved into exactly half of a
+        # round's blocks (5 of 10, whose median is the mean of the 5th and 6th) ranks at z 1.1, and a red-team
+        # candidate doing so scored 2.0-5.6x uncharged; chance puts about one honest block a round there, by little.
+        theirs = max(b.drawn_s for b in reference) * threads
     charged = [
         max(0.0, ms + (b.drawn_s * threads - theirs) * 1e3 / len(b.ms))
         for ms, b in zip(candidate_ms, candidate, strict=True)

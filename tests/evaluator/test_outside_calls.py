@@ -226,6 +226,21 @@ def test_a_thread_beside_the_draw_is_charged_its_whole_cpu_time():
     assert 0.9 < statistics.median(charged) < 1.1
 
 
+def test_work_moved_into_exactly_half_of_ten_blocks_is_charged():
+    """A red-team candidate moved its whole call into the draw of every second block: with 10 blocks a round the
+    median is the mean of the 5th and 6th samples, half its honest time, while its draws rank at z 1.1, under the
+    gate (it scored 2.0-5.6x). Each of those blocks is slower than every reference draw, and is charged."""
+    rng = random.Random(20)
+    reference = _timed(rng, 1.0, 2e-3, 2e-3, count=10)
+    candidate = [
+        block
+        for _ in range(5)
+        for block in (_timed(rng, 0.0, 10e-3, 10e-3, count=1)[0], _timed(rng, 1.0, 2e-3, 2e-3, count=1)[0])
+    ]
+    assert statistics.median(b.per_call_ms for b in candidate) < 0.6
+    assert 0.9 < _charged_median(reference, candidate) < 1.1
+
+
 def test_faster_draws_earn_no_credit():
     rng = random.Random(14)
     reference = _timed(rng, 1.0, 4e-3, 4e-3)
