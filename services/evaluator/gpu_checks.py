@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,13 +33,24 @@ _GLOBAL_RE = re.compile(r"__global__\s+(?:[\w:<>,\s]*?\s)?(?:__launch_bounds__\s
 _TRITON_DECORATORS = {"jit", "autotune", "heuristics"}
 
 
+# Every tensor device_inputs has returned, while it lives: a `get_inputs` that keeps a tensor between calls (a cache)
+# returns it again, and mapping that one in place would change what every later draw returns. (Each worker's first
+# draw is a correctness trial's, unsigned, so a kept tensor is known before any signed draw.)
+_returned: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+
 def make_signed(inputs: Sequence[Any]) -> list[Any]:
-    """Map every non-negative floating tensor from [0, m) onto [-m, m); signed tensors are kept."""
+    """Map every non-negative floating tensor from [0, m) onto [-m, m); signed tensors are kept. A tensor drawn just
+    now (not a view, not one returned before) is mapped in place: inputs can be most of the GPU's memory, and a copy
+    beside the drawn tensor and a block's buffers ran the largest KernelBench problems out of it on an H100."""
     out = []
     for t in inputs:
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() and bool((t >= 0).all()):
-            top = float(t.max()) or 1.0
-            t = torch.mul(t, 2).sub_(top)  # one new tensor, not two: inputs can be most of the GPU's memory
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
+            # Reductions, not a mask of the tensor's size.
+            lowest, top = (float(v) for v in torch.aminmax(t))
+            if lowest >= 0:  # False where any value is NaN, as `(t >= 0).all()` is
+                drawn_now = t._base is None and _returned.get(id(t)) is not t
+                t = (t.mul_(2) if drawn_now else torch.mul(t, 2)).sub_(top or 1.0)
         out.append(t)
     return out
 
@@ -49,7 +61,12 @@ def device_inputs(get_inputs: Callable[[], Sequence[Any]], seed: int, device: An
     with torch.device(device):
         inputs = list(get_inputs())
     inputs = [t.to(device) if isinstance(t, torch.Tensor) else t for t in inputs]
-    return make_signed(inputs) if signed else inputs
+    if signed:
+        inputs = make_signed(inputs)
+    for t in inputs:
+        if isinstance(t, torch.Tensor):
+            _returned[id(t)] = t
+    return inputs
 
 
 def _as_list(out: Any) -> list[Any]:

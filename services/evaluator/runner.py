@@ -544,6 +544,9 @@ def serve_timing(
         command = context.command()
         op = command.get("op")
         if op == "draw":
+            # The last block's outputs are done with (the judge checks a block before it draws the next): freed
+            # before the next block's inputs take their room.
+            outputs = []
             try:
                 with _no_grad():
                     inputs.draw_all([int(seed) for seed in command["seeds"]])
@@ -561,27 +564,13 @@ def serve_timing(
                 return
             context.emit("digested", nonce=command["nonce"], digest=records, replaced=replaced)
         elif op == "block":
-            outputs = []
-            times = []
+            outputs = []  # the last block's, freed before this one's are made
             try:
                 with _no_grad():
                     if command.get("set") is not None or command.get("trial_seed") is not None:
-                        # The re-check: the freed blocks of the outputs' sizes are poisoned on a GPU (an output never
-                        # written then reads as NaN).
-                        values = inputs.one_set(command)
-                        buffers = inputs.refill(values)
-                        del values  # the set is in the buffers now: freed before the call, which may need the room
-                        if backend.name == "cuda" and outputs_like is not None:
-                            gpu_checks.poison_freed_blocks(outputs_like, backend.device_string())
-                        milliseconds, out = backend.time_call(model, buffers)
-                        times.append(milliseconds)
-                        outputs.append(out)
+                        times, outputs = _time_one_set(backend, model, inputs, command, outputs_like)
                     else:
-                        for values in inputs.drawn:
-                            milliseconds, out = backend.time_call(model, inputs.refill(values))
-                            times.append(milliseconds)
-                            outputs.append(out)
-                        inputs.drawn = []
+                        times, outputs = _time_drawn(backend, model, inputs)
                     # On a CPU the judge reads the checked output from this process's memory itself (held_memory):
                     # the sketch, which costs both sides' blocks time on the clock, is needed only on a GPU.
                     sketches, regions = None, None
@@ -630,7 +619,32 @@ def serve_timing(
         else:
             context.emit("done", replaced=_replaced(guard))
             return
-        outputs_like = _output_tensors(outputs)
+        if outputs:
+            outputs_like = _output_tensors(outputs)
+
+
+def _time_drawn(backend: KernelBackend, model: Any, inputs: InputSets) -> tuple[list[float], list[Any]]:
+    """A timed call on each drawn set, each on refilled buffers. A function of its own so that no name outlives the
+    block holding a set or an output: inputs can be most of the GPU's memory."""
+    times, outputs = [], []
+    for values in inputs.drawn:
+        milliseconds, out = backend.time_call(model, inputs.refill(values))
+        times.append(milliseconds)
+        outputs.append(out)
+    inputs.drawn = []
+    return times, outputs
+
+
+def _time_one_set(
+    backend: KernelBackend, model: Any, inputs: InputSets, command: dict[str, Any], outputs_like: list[Any] | None
+) -> tuple[list[float], list[Any]]:
+    """The re-check's one timed call, on the set the command names. The freed blocks of the outputs' sizes are
+    poisoned on a GPU first (an output never written then reads as NaN)."""
+    buffers = inputs.refill(inputs.one_set(command))  # the set is in the buffers now: freed before the call
+    if backend.name == "cuda" and outputs_like is not None:
+        gpu_checks.poison_freed_blocks(outputs_like, backend.device_string())
+    milliseconds, out = backend.time_call(model, buffers)
+    return [milliseconds], [out]
 
 
 def check_saved_output(context: WorkerContext, expected: Any, command: dict[str, Any]) -> dict[str, Any]:

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import random
 import types
+import weakref
+from typing import Any
 
 import numpy as np
 import torch
 
+from services.evaluator import gpu_checks
 from services.evaluator.backends import get_backend
-from services.evaluator.runner import InputSets
+from services.evaluator.guards import Guard
+from services.evaluator.runner import InputSets, serve_timing
 
 
 def _get_inputs() -> list:
@@ -47,3 +51,93 @@ def test_pythons_and_numpys_generators_are_seeded_once_a_block(monkeypatch):  # 
     monkeypatch.setattr(random, "seed", lambda value=None: (seeded.append(value), seed(value))[1])
     _draw([11, 12, 13, 14])
     assert seeded == [11]
+
+
+class _ScriptedContext:
+    """What serve_timing reads and writes of a worker's context: the judge's commands, in order, and its events."""
+
+    def __init__(self, commands: list[dict[str, Any]]) -> None:
+        self.backend = get_backend("cpu")
+        self.commands = iter(commands)
+        self.events: list[dict[str, Any]] = []
+        self.made: list[weakref.ref[torch.Tensor]] = []  # every set drawn and every output, in order
+        self.made_before_draw = 0
+
+    def command(self) -> dict[str, Any]:
+        command = next(self.commands)
+        if command["op"] == "draw":
+            self.made_before_draw = len(self.made)
+        return command
+
+    def emit(self, event: str, **fields: Any) -> None:
+        self.events.append({"event": event, **fields})
+
+    def pin_threads(self) -> None:
+        pass
+
+
+def test_a_worker_holds_no_earlier_blocks_inputs_or_outputs_while_it_draws():
+    """A timed block's sets and outputs take most of a GPU's memory on the largest problems (KernelBench level 1 has
+    7-8 GiB inputs): one more set or output held while the next block is drawn ran an honest candidate out of
+    memory on an H100, a runtime_error against it."""
+    earlier_alive: list[int] = []  # at each draw, how many of those made before its block's draw began are alive
+
+    def get_inputs() -> list[torch.Tensor]:
+        earlier_alive.append(sum(ref() is not None for ref in context.made[: context.made_before_draw]))
+        drawn = torch.randn(64)
+        context.made.append(weakref.ref(drawn))
+        return [drawn]
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        out = x * 2
+        context.made.append(weakref.ref(out))
+        return out
+
+    block: list[dict[str, Any]] = [{"op": "draw", "seeds": [1, 2], "nonce": "d"}, {"op": "block", "nonce": "b"}]
+    digest = {"op": "digest", "seed": 7, "nonce": "g"}
+    context = _ScriptedContext([*block, digest, *block, digest, *block, {"op": "exit"}])
+    serve_timing(context, model, InputSets(context, get_inputs), Guard())  # type: ignore[arg-type]
+    assert [e["event"] for e in context.events] == ["drawn", "block", "digested"] * 2 + ["drawn", "block", "done"]
+    assert earlier_alive == [0] * 6
+
+
+def test_a_signed_draw_maps_a_tensor_drawn_just_now_in_place():
+    """A copy beside the drawn tensor (with a block's buffers) ran the largest KernelBench problems out of an H100's
+    memory; a tensor drawn just now is the caller's alone, so it is mapped where it lies."""
+    drawn: list[torch.Tensor] = []
+
+    def get_inputs() -> list:
+        drawn.append(torch.rand(1000))
+        return [drawn[-1], torch.randn(10), 3]
+
+    unsigned = gpu_checks.device_inputs(get_inputs, 5, "cpu", signed=False)[0].clone()
+    signed = gpu_checks.device_inputs(get_inputs, 5, "cpu", signed=True)
+    assert signed[0] is drawn[-1]
+    assert torch.equal(signed[0], unsigned * 2 - unsigned.max())
+    assert signed[0].min() < 0 <= unsigned.min()
+    assert signed[2] == 3
+
+
+def test_a_signed_draw_copies_a_tensor_its_get_inputs_keeps():
+    """A `get_inputs` that returns a tensor it keeps (or a view of one) would see it changed by a mapping in place:
+    every later draw would differ from the reference's."""
+    kept = torch.rand(64, 8)
+
+    def get_inputs() -> list:
+        return [kept, kept[:, :4]]
+
+    before = kept.clone()
+    gpu_checks.device_inputs(get_inputs, 5, "cpu", signed=False)  # the draw that returned it first
+    first = gpu_checks.device_inputs(get_inputs, 5, "cpu", signed=True)
+    second = gpu_checks.device_inputs(get_inputs, 5, "cpu", signed=True)
+    assert torch.equal(kept, before)
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+    assert torch.equal(first[0], before * 2 - before.max()) and first[0].min() < 0
+
+
+def test_a_signed_draw_keeps_tensors_that_are_already_signed_or_not_finite():
+    signed = torch.randn(100)
+    with_nan = torch.rand(100)
+    with_nan[7] = float("nan")
+    kept = gpu_checks.make_signed([signed, with_nan, torch.arange(4)])
+    assert kept[0] is signed and kept[1] is with_nan and torch.equal(kept[2], torch.arange(4))
