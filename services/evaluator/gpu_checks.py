@@ -41,15 +41,16 @@ _returned: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 
 def make_signed(inputs: Sequence[Any]) -> list[Any]:
     """Map every non-negative floating tensor from [0, m) onto [-m, m); signed tensors are kept. A tensor drawn just
-    now (not a view, not one returned before) is mapped in place: inputs can be most of the GPU's memory, and a copy
-    beside the drawn tensor and a block's buffers ran the largest KernelBench problems out of it on an H100."""
+    now (not a view, not one returned before, not one that requires grad) is mapped in place: inputs can be most of
+    the GPU's memory, and a copy beside the drawn tensor and a block's buffers ran the largest KernelBench problems
+    out of it on an H100."""
     out = []
     for t in inputs:
         if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
             # Reductions, not a mask of the tensor's size.
-            lowest, top = (float(v) for v in torch.aminmax(t))
+            lowest, top = (float(v) for v in torch.aminmax(t.detach()))
             if lowest >= 0:  # False where any value is NaN, as `(t >= 0).all()` is
-                drawn_now = t._base is None and _returned.get(id(t)) is not t
+                drawn_now = t._base is None and not t.requires_grad and _returned.get(id(t)) is not t
                 t = (t.mul_(2) if drawn_now else torch.mul(t, 2)).sub_(top or 1.0)
         out.append(t)
     return out

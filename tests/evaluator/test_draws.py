@@ -135,6 +135,12 @@ def test_a_signed_draw_copies_a_tensor_its_get_inputs_keeps():
     assert torch.equal(first[0], before * 2 - before.max()) and first[0].min() < 0
 
 
+def test_a_signed_draw_copies_a_tensor_that_requires_grad():
+    """torch refuses to change a leaf of autograd in place; a reference may draw its inputs with requires_grad."""
+    signed = gpu_checks.device_inputs(lambda: [torch.rand(100, requires_grad=True)], 5, "cpu", signed=True)
+    assert signed[0].min() < 0
+
+
 def test_a_signed_draw_keeps_tensors_that_are_already_signed_or_not_finite():
     signed = torch.randn(100)
     with_nan = torch.rand(100)
