@@ -41,7 +41,7 @@ _returned: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 
 def make_signed(inputs: Sequence[Any]) -> list[Any]:
     """Map every non-negative floating tensor from [0, m) onto [-m, m); signed tensors are kept. A tensor drawn just
-    now (not a view, not one returned before, not one that requires grad) is mapped in place: inputs can be most of
+    now (not a view, not one returned before, contiguous, not requiring grad) is mapped in place: inputs can be most of
     the GPU's memory, and a copy beside the drawn tensor and a block's buffers ran the largest KernelBench problems
     out of it on an H100."""
     out = []
@@ -50,8 +50,9 @@ def make_signed(inputs: Sequence[Any]) -> list[Any]:
             # Reductions, not a mask of the tensor's size.
             lowest, top = (float(v) for v in torch.aminmax(t.detach()))
             if lowest >= 0:  # False where any value is NaN, as `(t >= 0).all()` is
-                drawn_now = t._base is None and not t.requires_grad and _returned.get(id(t)) is not t
-                t = (t.mul_(2) if drawn_now else torch.mul(t, 2)).sub_(top or 1.0)
+                # Contiguous: a tensor whose elements share memory (stride 0) cannot be written in place.
+                alone = t._base is None and t.is_contiguous() and not t.requires_grad
+                t = (t.mul_(2) if alone and _returned.get(id(t)) is not t else torch.mul(t, 2)).sub_(top or 1.0)
         out.append(t)
     return out
 

@@ -135,10 +135,12 @@ def test_a_signed_draw_copies_a_tensor_its_get_inputs_keeps():
     assert torch.equal(first[0], before * 2 - before.max()) and first[0].min() < 0
 
 
-def test_a_signed_draw_copies_a_tensor_that_requires_grad():
-    """torch refuses to change a leaf of autograd in place; a reference may draw its inputs with requires_grad."""
+def test_a_signed_draw_copies_what_torch_cannot_change_in_place():
+    """A leaf that requires grad (a reference may draw its inputs so), and a tensor whose elements share memory."""
     signed = gpu_checks.device_inputs(lambda: [torch.rand(100, requires_grad=True)], 5, "cpu", signed=True)
     assert signed[0].min() < 0
+    shared = gpu_checks.device_inputs(lambda: [torch.empty_strided((8,), (0,)).fill_(0.5)], 5, "cpu", signed=True)
+    assert torch.equal(shared[0], torch.full((8,), 0.5))  # one value v, mapped to 2v - v
 
 
 def test_a_signed_draw_keeps_tensors_that_are_already_signed_or_not_finite():
