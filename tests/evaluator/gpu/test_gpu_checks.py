@@ -4,7 +4,11 @@ Side streams and forged reports are the judge's to see, from outside the process
 from __future__ import annotations
 
 import importlib.util
+import os
 import statistics
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +26,45 @@ def backend() -> CudaBackend:
     b = CudaBackend(0)
     b.activate()
     return b
+
+
+# A worker's life in small: a block's 1 GiB of inputs freed, then what the judge's commands run before the next
+# draw (a timed call with its L2 flush, the digest of the outputs), then the next 1 GiB draw. Prints how much the
+# cache grew for that draw: 0 when it reused the freed block whole.
+REUSE_SCRIPT = """
+import sys, torch
+from services.evaluator import output_digest
+from services.evaluator.backends.cuda import CudaBackend
+backend = CudaBackend(0)
+if sys.argv[1] == "activate":
+    backend.activate()
+drawn = torch.empty(1 << 28, device="cuda:0")
+out = torch.rand(1 << 20, device="cuda:0")
+del drawn
+backend.time_call(torch.neg, [out])
+output_digest.block_digest([out], 7)
+reserved = torch.cuda.memory_reserved()
+drawn = torch.empty(1 << 28, device="cuda:0")
+print(torch.cuda.memory_reserved() - reserved)
+"""
+
+
+def _cache_growth_at_next_draw(mode: str) -> int:
+    repo = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(
+        [sys.executable, "-c", REUSE_SCRIPT, mode], capture_output=True, text=True, env=env, cwd=repo, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.split()[-1])
+
+
+def test_what_a_worker_keeps_never_splits_a_freed_input_set() -> None:
+    """After activate(), nothing the worker's own code keeps (the flush buffer, cuBLAS's workspace) is carved out of
+    a freed input set, so the next draw reuses it whole. Without it, the first timed call and the first digest carve
+    theirs out of it, and the draw needs a new 1 GiB (on an 80 GB GPU a 16 GiB problem ran out of memory so)."""
+    assert _cache_growth_at_next_draw("activate") == 0
+    assert _cache_growth_at_next_draw("lazy") >= 1 << 30  # the scenario does split the block without it
 
 
 def time_calls(backend: CudaBackend, fn, args: list, n: int) -> list[float]:  # noqa: ANN001
