@@ -1,6 +1,7 @@
 """Run in a subprocess by test_gpu_kernels.py: build a candidate and its reference on CUDA, compare outputs.
 
-usage: python -m tests.implementer.gpu_check REFERENCE.py CANDIDATE.py -> prints one JSON line
+usage: python -m tests.implementer.gpu_check REFERENCE.py CANDIDATE.py [TOLERANCE] -> prints one JSON line
+(TOLERANCE: atol and rtol of the comparison, default 1e-4, the evaluator's for float32)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ def _load(path: str, name: str):  # noqa: ANN202
 
 def main() -> None:
     reference, candidate = _load(sys.argv[1], "reference"), _load(sys.argv[2], "candidate")
+    tolerance = float(sys.argv[3]) if len(sys.argv) > 3 else 1e-4
     torch.manual_seed(0)
     init = reference.get_init_inputs()
     torch.manual_seed(0)
@@ -38,7 +40,7 @@ def main() -> None:
             got = new_model(*[t.clone() if isinstance(t, torch.Tensor) else t for t in inputs])
             torch.cuda.synchronize()
             worst = max(worst, (expected.float() - got.float()).abs().max().item())
-            ok = torch.allclose(expected.float(), got.float(), atol=1e-4, rtol=1e-4)
+            ok = torch.allclose(expected.float(), got.float(), atol=tolerance, rtol=tolerance)
             if not ok:
                 break
         timings = {}

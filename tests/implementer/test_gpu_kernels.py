@@ -30,6 +30,10 @@ CASES = [
     (["fuse_elementwise", "cuda_graphs"], "elementwise_chain", "cuda"),
     (["channels_last", "cudnn_benchmark", "tf32"], "conv_bn_relu", "cuda"),
 ]
+# TF32 keeps 10 bits of mantissa, and cudnn.benchmark may pick another convolution algorithm than the reference's
+# (cuDNN convolutions run in TF32 by default on both sides): within 1e-2, KernelBench's tolerance, not float32's
+# 1e-4 (an H100 measured 2.4e-4 on conv_bn_relu; an H200 had passed it at 1e-4).
+PRECISION_TRADING = {"tf32": 1e-2}
 
 
 @pytest.mark.parametrize(
@@ -44,6 +48,7 @@ def test_generated_cuda_code_matches_the_reference(techniques: list[str], proble
         source = result.source
     (tmp_path / "reference.py").write_text(reference)
     (tmp_path / "candidate.py").write_text(source)
+    tolerance = max([1e-4] + [PRECISION_TRADING.get(t, 1e-4) for t in techniques])
     run = subprocess.run(
         [
             sys.executable,
@@ -51,6 +56,7 @@ def test_generated_cuda_code_matches_the_reference(techniques: list[str], proble
             "tests.implementer.gpu_check",
             str(tmp_path / "reference.py"),
             str(tmp_path / "candidate.py"),
+            str(tolerance),
         ],
         cwd=REPO,
         capture_output=True,
@@ -59,7 +65,7 @@ def test_generated_cuda_code_matches_the_reference(techniques: list[str], proble
     )
     assert run.returncode == 0, run.stderr[-4000:]
     verdict = json.loads(run.stdout.strip().splitlines()[-1])
-    print(problem, techniques, target, verdict)
+    print(problem, techniques, target, tolerance, verdict)
     assert verdict["correct"], verdict
 
 
