@@ -1422,9 +1422,30 @@ def slower_outside_calls(reference: list[Block], candidate: list[Block], threads
                 return (
                     f"{step} took {statistics.median(ours) * 1e3:.3f} ms per block (median) by {clock} against "
                     f"{statistics.median(theirs) * 1e3:.3f} ms for the reference, {seen}: work moved out of the "
-                    "timed calls"
+                    f"timed calls (per block, candidate / reference medians in ms: "
+                    f"{_steps_breakdown(candidate, reference, draw_off_cpu)})"
                 )
     return ""
+
+
+def _steps_breakdown(candidate: list[Block], reference: list[Block], draw_off_cpu: Callable[[Block], float]) -> str:
+    """Every step's median on both sides, so that a flag can be read back to the step (and clock) that raised it."""
+    steps: list[tuple[str, Callable[[Block], float]]] = [
+        ("block, wall", lambda b: b.wall_s),
+        ("its calls", lambda b: sum(b.ms) / 1e3),
+        ("beyond them, wall", lambda b: b.unexplained_wall_s),
+        ("beyond them, judge's clock", lambda b: b.unexplained_s),
+        ("draw, wall", lambda b: b.drawn_wall_s),
+        ("draw, judge's clock", lambda b: b.drawn_s),
+        ("draw off the CPU", draw_off_cpu),
+        ("digest, wall", lambda b: b.digest_wall_s),
+        ("digest, judge's clock", lambda b: b.digest_s),
+    ]
+    return "; ".join(
+        f"{name} {statistics.median(value(b) for b in candidate) * 1e3:.3f} / "
+        f"{statistics.median(value(b) for b in reference) * 1e3:.3f}"
+        for name, value in steps
+    )
 
 
 def charged_outside_calls(

@@ -94,6 +94,17 @@ def test_a_digest_that_takes_only_wall_time_is_flagged():
     assert found.startswith("the output digest") and "by the wall clock" in found
 
 
+def test_a_flag_names_every_steps_medians_on_both_sides():
+    """So that a flagged honest candidate (a CI machine's) can be read back to the step and clock that raised it."""
+    rng = random.Random(3)
+    found = slower_outside_calls(_blocks(rng, 2e-3, 2e-3), _blocks(rng, 2e-3, 2e-3, digest_wall_s=20e-3))
+    breakdown = found.split("candidate / reference medians in ms: ")[1]
+    digest_wall = breakdown.split("digest, wall ")[1].split(";")[0]
+    ours, theirs = (float(v) for v in digest_wall.split(" / "))
+    assert 18 < ours < 22 and 0.9 < theirs < 1.1
+    assert "draw off the CPU" in breakdown and "beyond them, judge's clock" in breakdown
+
+
 def test_a_wall_clock_slower_within_the_slack_is_not_flagged():
     """A busy machine stretches one side's steps a little (5 %), not a flag."""
     rng = random.Random(4)
