@@ -198,9 +198,10 @@ class BatchRow:
 
     @property
     def note(self) -> str:
-        """The cause from the error or a failed verdict's message (a traceback's last line, not its first)."""
+        """The cause from the error or a failed verdict's message (a traceback's last line, not its first), cut to
+        NOTE_CHARS of it; the fix for a known cause is kept whole after it."""
         text = self.error or (self.result.message if self.result and not self.result.correct else "")
-        return message_cause(text)[:100]
+        return message_cause(text, NOTE_CHARS)
 
     @property
     def status(self) -> str:
@@ -210,15 +211,20 @@ class BatchRow:
 
 
 TRACEBACK = "Traceback (most recent call last):"
+NOTE_CHARS = 100
+MEMORY_FIX = "raise the evaluator's memory limit (EVALUATOR_MEMORY_LIMIT_MB) or use a larger GPU"
 HINTS = (
-    ("out of memory", "raise the evaluator's memory limit (EVALUATOR_MEMORY_LIMIT_MB) or use a larger GPU"),
+    ("out of memory", MEMORY_FIX),
+    ("can't allocate memory", MEMORY_FIX),  # torch's CPU allocator (a KernelBench problem at its size on a CPU)
+    ("Cannot allocate memory", MEMORY_FIX),
     ("File too large", "raise EVALUATOR_MAX_FILE_MB"),
     ("No space left", "give the evaluator's temporary directory more room (the compose tmpfs size)"),
 )
 
 
-def message_cause(text: str) -> str:
-    """One line: the message's lead and, for a traceback, its exception line; plus a fix for known causes."""
+def message_cause(text: str, cause_chars: int | None = None) -> str:
+    """One line: the message's lead and, for a traceback, its exception line (its first `cause_chars`); plus a fix
+    for known causes."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     if not lines:
         return ""
@@ -227,6 +233,7 @@ def message_cause(text: str) -> str:
         lead = lead.split(TRACEBACK)[0].strip()
         cause = lines[-1]
         lead = f"{lead} {cause}" if lead else cause
+    lead = lead[:cause_chars]
     hint = next((fix for needle, fix in HINTS if needle.lower() in text.lower()), None)
     return f"{lead} (fix: {hint})" if hint else lead
 

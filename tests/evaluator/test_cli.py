@@ -14,6 +14,7 @@ import pytest
 import problems
 from services.evaluator import cli
 from services.evaluator.cli import Outcome, fast_p, geomean_speedup
+from shared.contracts.evaluator import EvaluationResult, EvaluationStatus
 from tests.servers import REPO, free_port, run_service
 
 SWISH_FAST = """import torch
@@ -93,6 +94,21 @@ def test_note_states_the_cause_of_a_traceback():
     assert note.startswith("the reference failed: torch.OutOfMemoryError: CUDA out of memory")
     assert "Traceback" not in note and "fix:" in note
     assert cli.message_cause("does not compile\nmore") == "does not compile"
+
+
+def test_a_batch_rows_note_keeps_the_fix_of_a_long_cause():
+    """The CPU allocator's words for a KernelBench problem at its size on a CPU: a cause longer than the note,
+    whose fix must survive the cut."""
+    message = (
+        'the reference failed: Traceback (most recent call last):\n  File "reference.py", line 27\n'
+        "RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+        "you tried to allocate 6442450944 bytes. Error code 12 (Cannot allocate memory)\n"
+    )
+    result = EvaluationResult(status=EvaluationStatus.evaluator_error, compiled=False, correct=False, message=message)
+    note = cli.BatchRow(problems.get_problem("builtin/swish_manual"), Path("c.py"), result).note
+    assert note.startswith("the reference failed: RuntimeError: [enforce fail")
+    assert note.endswith(f"(fix: {cli.MEMORY_FIX})")
+    assert len(note) == cli.NOTE_CHARS + len(f" (fix: {cli.MEMORY_FIX})")
 
 
 def test_timeout_goes_into_the_request():
