@@ -198,9 +198,11 @@ class BatchRow:
 
     @property
     def note(self) -> str:
-        """The cause from the error or a failed verdict's message (a traceback's last line, not its first), cut to
-        NOTE_CHARS of it; the fix for a known cause is kept whole after it."""
-        text = self.error or (self.result.message if self.result and not self.result.correct else "")
+        """The cause from the error, a failed verdict's message (a traceback's last line, not its first) or why a
+        correct one has no speedup (`not_timed`), cut to NOTE_CHARS of it; the fix for a known cause is kept whole
+        after it."""
+        explained = self.result is not None and (not self.result.correct or self.result.speedup is None)
+        text = self.error or (self.result.message if self.result and explained else "")
         return message_cause(text, NOTE_CHARS)
 
     @property
@@ -219,6 +221,7 @@ HINTS = (
     ("Cannot allocate memory", MEMORY_FIX),
     ("File too large", "raise EVALUATOR_MAX_FILE_MB"),
     ("No space left", "give the evaluator's temporary directory more room (the compose tmpfs size)"),
+    ("not timed:", "raise --timeout or lower --timing-trials"),
 )
 
 

@@ -30,7 +30,9 @@ HACK_FLAGS = frozenset(
     }
 )
 # Flags that say how a verdict was reached; reported, never rejecting unless listed in `reject_flags`.
-ADVISORY_FLAGS = frozenset({"try_except_fallback", "timed_by_judge", "unverified_timing", "charged_outside_calls"})
+ADVISORY_FLAGS = frozenset(
+    {"try_except_fallback", "timed_by_judge", "unverified_timing", "charged_outside_calls", "not_timed"}
+)
 ALL_FLAGS = HACK_FLAGS | ADVISORY_FLAGS
 
 

@@ -91,6 +91,9 @@ SLOWEST_BLOCKS_P = 0.001
 # Timing rounds: while the judge's noise is too large against the candidate's blocks, the next round has longer
 # blocks; an implausible-timing flag stands only in the last round it reaches.
 TIMING_ROUNDS = 3
+# A round is started only where this many times its estimated length is left before the deadline (the rest holds
+# the re-check and the reply).
+ROUND_MARGIN = 1.5
 # The room a report has below the judge's clock, as a share of the candidate's own time per block, at most.
 MAX_ROOM_SHARE = 0.25
 # The input sets and outputs a worker holds for one timed block take at most 1/this of its memory limit.
@@ -863,6 +866,11 @@ class Judge:
                 # H100); the reference is profiled as well, so that both sides carry it.
                 await self._profile(timer)
             calls = await self._warm_up(candidate, timer)
+            if isinstance(calls, str):
+                self.run_state.timing = TimingResult([], [], 0, {"not_timed": calls}, str(self.ready.get("device", "")))
+                await timer.send({"op": "exit"})
+                self.run_state.phases["timing"] = time.monotonic() - timing_started
+                return
             previous_share, chosen = math.inf, None
             rounds: list[str] = []
             for round_index in range(TIMING_ROUNDS):
@@ -900,7 +908,7 @@ class Judge:
                 # recheck and the reply) is not started: the judge's wish for a clearer clock must not turn an
                 # honest candidate on a loaded machine into a timeout.
                 next_round_s = round_s * self._block_count(grown) * grown / (self._block_count(calls) * calls)
-                fits = time.monotonic() + next_round_s + round_s * 0.5 < self.deadline
+                fits = time.monotonic() + next_round_s + round_s * (ROUND_MARGIN - 1) < self.deadline
                 # The room is mostly the judge's own noise, which longer blocks do not lengthen: where even the
                 # longest blocks allowed would leave it well beyond the candidate's time (1.5 times: the estimate is
                 # rough), they would credit no more speed than this round does (unverified_timing either way), and
@@ -923,22 +931,60 @@ class Judge:
         self.run_state.phases["timing"] = time.monotonic() - timing_started
         self.run_state.timing = chosen[1] if chosen is not None else timing
 
-    async def _warm_up(self, candidate: Worker, timer: Worker) -> int:
+    async def _warm_up(self, candidate: Worker, timer: Worker) -> int | str:
         """Warm both up, in blocks of at most max_block_calls calls (a block holds every input set and output of
         its calls: five warm-up calls of KernelBench's 19_ReLU in one block took 60 GiB of the H100 in the timer);
-        the calls per block that make the reference's block last `min_sample_ms`."""
-        calls, reference_ms = max(1, self.request.warmup_trials), []
-        for start in range(0, calls, self.max_block_calls):
-            warmup = self._fresh_seeds(min(self.max_block_calls, calls - start))
-            reference_ms += (await self._block(timer, warmup)).ms
-            await self._block(candidate, warmup)
+        the calls per block that make the reference's block last `min_sample_ms`.
+
+        The reference warms up first, and its pace decides whether timing can end before the deadline at all: where
+        it could not, even with the candidate as fast as the reference, the time limit is too short for this
+        reference on this machine (KernelBench's level 2 at its published sizes on a 2-core CPU: honest copies of
+        the reference ended `timeout`), which is not the candidate's doing, and why timing was not done is returned
+        instead (`not_timed`). A candidate slower than the reference in its own warm-up, by the judge's clock, is
+        timed all the same and may reach the limit: that is its doing. What a candidate could gain here it could
+        also have had by running at its pace throughout (time it spent before timing, in its build or its trials,
+        leaves less for a round, but at the pace it warmed up at a round would not have fit either way)."""
+        warmup_calls = max(1, self.request.warmup_trials)
+        chunks = [
+            self._fresh_seeds(min(self.max_block_calls, warmup_calls - start))
+            for start in range(0, warmup_calls, self.max_block_calls)
+        ]
+        reference = [await self._block(timer, seeds) for seeds in chunks]
+        reference_ms = [ms for block in reference for ms in block.ms]
         # Both sides run blocks of the same calls, sized from the reference's (trusted) time, so the time the
         # judge sees beyond the reported times has the same parts on both sides (the pipe, the refills).
         per_call_ms = max(1e-4, min(reference_ms))  # the first calls are cold
         min_sample_ms = self.settings.min_sample_ms or (
             MIN_SAMPLE_MS_GPU if self.gpu is not None else MIN_SAMPLE_MS_CPU
         )
-        return max(1, min(self.max_block_calls, math.ceil(min_sample_ms / per_call_ms)))
+        calls = max(1, min(self.max_block_calls, math.ceil(min_sample_ms / per_call_ms)))
+        # A call with its share of the block's drawing and overhead, at the reference's warm pace.
+        overhead_s = sum(b.drawn_wall_s + b.wall_s - sum(b.ms) / 1e3 for b in reference) / warmup_calls
+        call_s = per_call_ms / 1e3 + max(0.0, overhead_s)
+        warmup_s = sum(b.drawn_wall_s + b.wall_s for b in reference)
+        round_s = 2 * self._block_count(calls) * calls * call_s
+
+        def not_timed(needed_s: float, what: str) -> str | None:
+            left_s = self.deadline - time.monotonic()
+            if needed_s <= left_s:
+                return None
+            return (
+                f"not timed: at the reference's own pace ({call_s * 1e3:.1f} ms a call with its drawing), {what} "
+                f"needs about {needed_s:.0f} s with its margin, and {left_s:.0f} s of the time limit were left: "
+                "raise `timeout_s` or lower `timing_trials` (the outputs were checked and are correct; there is no "
+                "speedup)"
+            )
+
+        rounds = f"a timing round ({self._block_count(calls)} blocks of {calls} calls on each side)"
+        why = not_timed(ROUND_MARGIN * (warmup_s + round_s), f"the candidate's warm-up and {rounds}")
+        if why:
+            return why
+        warmed = [await self._block(candidate, seeds) for seeds in chunks]
+        if sum(b.drawn_wall_s + b.wall_s for b in warmed) <= ROUND_MARGIN * warmup_s:
+            why = not_timed(ROUND_MARGIN * round_s, rounds)
+            if why:
+                return why
+        return calls
 
     def _longest_block_calls(self, blocks: dict[str, list[Block]], calls: int) -> int:
         """Most calls a block may grow to: within max_block_calls, and lasting at most MAX_BLOCK_S on either side

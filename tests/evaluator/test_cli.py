@@ -111,6 +111,17 @@ def test_a_batch_rows_note_keeps_the_fix_of_a_long_cause():
     assert len(note) == cli.NOTE_CHARS + len(f" (fix: {cli.MEMORY_FIX})")
 
 
+def test_a_correct_row_without_a_speedup_says_why():
+    message = "not timed: at the reference's own pace (8700.0 ms a call with its drawing), a timing round needs ..."
+    result = EvaluationResult(
+        status=EvaluationStatus.correct, compiled=True, correct=True, flags=["not_timed"], message=message
+    )
+    note = cli.BatchRow(problems.get_problem("builtin/swish_manual"), Path("c.py"), result).note
+    assert note.startswith("not timed: at the reference's own pace") and note.endswith("--timing-trials)")
+    timed = result.model_copy(update={"speedup": 1.5, "flags": [], "message": ""})
+    assert cli.BatchRow(problems.get_problem("builtin/swish_manual"), Path("c.py"), timed).note == ""
+
+
 def test_timeout_goes_into_the_request():
     args = cli.build_parser().parse_args(["score", "--reference", "r.py", "--candidate", "c.py", "--timeout", "30"])
     assert cli.make_request(args, "x = 1", "y = 2").timeout_s == 30.0
