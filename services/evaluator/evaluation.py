@@ -980,7 +980,11 @@ class Judge:
         if why:
             return why
         warmed = [await self._block(candidate, seeds) for seeds in chunks]
-        if sum(b.drawn_wall_s + b.wall_s for b in warmed) <= ROUND_MARGIN * warmup_s:
+        pace = sum(b.drawn_wall_s + b.wall_s for b in warmed) / max(warmup_s, 1e-9)  # the candidate's, by the judge
+        if pace <= ROUND_MARGIN:
+            # A faster candidate's own pace counts (it shortens the round); a slower one's, up to the margin, is
+            # taken as the reference's.
+            round_s = self._block_count(calls) * calls * call_s * (1 + min(1.0, pace))
             why = not_timed(ROUND_MARGIN * round_s, rounds)
             if why:
                 return why
