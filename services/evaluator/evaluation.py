@@ -867,7 +867,12 @@ class Judge:
                 await self._profile(timer)
             calls = await self._warm_up(candidate, timer)
             if isinstance(calls, str):
-                self.run_state.timing = TimingResult([], [], 0, {"not_timed": calls}, str(self.ready.get("device", "")))
+                # Not timed, never unchecked: the set the candidate has not seen is checked as after timing (a
+                # red-team candidate right only in its correctness trials was `not_timed` instead of `stale_output`).
+                await self._recheck(candidate)
+                if "stale_output" not in self.run_state.flags:
+                    device = str(self.ready.get("device", ""))
+                    self.run_state.timing = TimingResult([], [], 0, {"not_timed": calls}, device)
                 await timer.send({"op": "exit"})
                 self.run_state.phases["timing"] = time.monotonic() - timing_started
                 return
@@ -940,16 +945,24 @@ class Judge:
         it could not, even with the candidate as fast as the reference, the time limit is too short for this
         reference on this machine (KernelBench's level 2 at its published sizes on a 2-core CPU: honest copies of
         the reference ended `timeout`), which is not the candidate's doing, and why timing was not done is returned
-        instead (`not_timed`). A candidate slower than the reference in its own warm-up, by the judge's clock, is
-        timed all the same and may reach the limit: that is its doing. What a candidate could gain here it could
-        also have had by running at its pace throughout (time it spent before timing, in its build or its trials,
-        leaves less for a round, but at the pace it warmed up at a round would not have fit either way)."""
+        instead (`not_timed`). Nothing the candidate controls may earn it that (a red team turned `timeout` and
+        `stale_output` into `not_timed` three ways before these rules):
+        - the time the candidate itself spent before timing (importing, building, its trials and saves) beyond its
+          trials at the reference's pace is given back to the time left, so that dawdling leaves no less time;
+        - the reference's pace is read on the judge's clock (on a CPU its CPU time, which a process that stops the
+          timer does not lengthen);
+        - the warm-up blocks' outputs are checked by digest as timed blocks are (a fast wrong warm-up is
+          `stale_output`), and a candidate slower than the reference in its warm-up by the wall clock is timed all
+          the same and may reach the limit: that is its doing."""
         warmup_calls = max(1, self.request.warmup_trials)
         chunks = [
             self._fresh_seeds(min(self.max_block_calls, warmup_calls - start))
             for start in range(0, warmup_calls, self.max_block_calls)
         ]
-        reference = [await self._block(timer, seeds) for seeds in chunks]
+        digest_seeds = [secrets.randbits(62) for _ in chunks]
+        reference = [
+            await self._block(timer, seeds, digest_seed=seed) for seeds, seed in zip(chunks, digest_seeds, strict=True)
+        ]
         reference_ms = [ms for block in reference for ms in block.ms]
         # Both sides run blocks of the same calls, sized from the reference's (trusted) time, so the time the
         # judge sees beyond the reported times has the same parts on both sides (the pipe, the refills).
@@ -958,14 +971,18 @@ class Judge:
             MIN_SAMPLE_MS_GPU if self.gpu is not None else MIN_SAMPLE_MS_CPU
         )
         calls = max(1, min(self.max_block_calls, math.ceil(min_sample_ms / per_call_ms)))
-        # A call with its share of the block's drawing and overhead, at the reference's warm pace.
-        overhead_s = sum(b.drawn_wall_s + b.wall_s - sum(b.ms) / 1e3 for b in reference) / warmup_calls
-        call_s = per_call_ms / 1e3 + max(0.0, overhead_s)
-        warmup_s = sum(b.drawn_wall_s + b.wall_s for b in reference)
+        # The reference's pace, a call with its drawing, by the judge's clock.
+        warmup_s = sum(b.drawn_s + b.clocked_s for b in reference)
+        call_s = warmup_s / warmup_calls
         round_s = 2 * self._block_count(calls) * calls * call_s
+        phases = self.run_state.phases
+        spent_s = sum(phases.get(name, 0.0) for name in ("build", "correctness", "compare_save"))
+        # The service's own waits (a build slot) already moved the deadline.
+        spent_s -= phases.get("build_queue", 0.0)
+        given_back_s = max(0.0, spent_s - self.trials * call_s)
 
         def not_timed(needed_s: float, what: str) -> str | None:
-            left_s = self.deadline - time.monotonic()
+            left_s = self.deadline - time.monotonic() + given_back_s
             if needed_s <= left_s:
                 return None
             return (
@@ -979,8 +996,21 @@ class Judge:
         why = not_timed(ROUND_MARGIN * (warmup_s + round_s), f"the candidate's warm-up and {rounds}")
         if why:
             return why
-        warmed = [await self._block(candidate, seeds) for seeds in chunks]
-        pace = sum(b.drawn_wall_s + b.wall_s for b in warmed) / max(warmup_s, 1e-9)  # the candidate's, by the judge
+        warmed = [
+            await self._block(candidate, seeds, digest_seed=seed)
+            for seeds, seed in zip(chunks, digest_seeds, strict=True)
+        ]
+        for index, (theirs, ours) in enumerate(zip(reference, warmed, strict=True)):
+            wrong = output_digest.mismatch(
+                theirs.digest, ours.digest, len(ours.ms), self.request.atol, self.request.rtol
+            )
+            if wrong:
+                self.run_state.flags["stale_output"] = (
+                    f"the outputs of warm-up block {index} were wrong on its fresh inputs ({wrong})"
+                )
+                raise CandidateFailure
+        reference_wall_s = sum(b.drawn_wall_s + b.wall_s for b in reference)
+        pace = sum(b.drawn_wall_s + b.wall_s for b in warmed) / max(reference_wall_s, 1e-9)
         if pace <= ROUND_MARGIN:
             # A faster candidate's own pace counts (it shortens the round); a slower one's, up to the margin, is
             # taken as the reference's.

@@ -10,18 +10,23 @@ import httpx
 from tests.evaluator.conftest import evaluate
 
 
-def busy(model: str, seconds: float) -> str:
-    """A model whose every call keeps a core busy for `seconds` (on the CPU: the judge's clock counts it)."""
+def busy(model: str, seconds: float, prelude: str = "", first: str = "") -> str:
+    """A model whose every call keeps a core busy for `seconds` (on the CPU: the judge's clock counts it); `prelude`
+    runs at import, `first` (a line of code, `self.calls` counting calls) at the start of each call."""
     return f"""
 import time
 import torch
+{prelude}
 
 class {model}(torch.nn.Module):
     def __init__(self, scale):
         super().__init__()
         self.scale = scale
+        self.calls = 0
 
     def forward(self, x):
+        self.calls += 1
+        {first}
         started = time.perf_counter()
         while time.perf_counter() - started < {seconds}:
             pass
@@ -49,3 +54,26 @@ def test_a_candidate_slower_than_the_reference_still_reaches_the_time_limit(clie
     result = evaluate(client, busy("ModelNew", 2.0), reference=busy("Model", 0.01), timeout_s=15, seed=4322)
     assert result["status"] == "timeout", result["message"]
     assert "while timing" in result["message"] and "not_timed" not in result["flags"]
+
+
+# Red-team candidates that had turned a deserved verdict into `not_timed` (correct, no penalty).
+ZEROS_AFTER_ITS_TRIALS = "if self.calls > 2: return torch.zeros_like(x)"
+
+
+def test_time_spent_before_timing_does_not_buy_not_timed(client: httpx.Client) -> None:
+    """The slow candidate of the last test, sleeping 9 s at import so that little time is left: its dawdling is
+    given back to the time left, so a round still fits, it is timed, and reaches the limit as before."""
+    slow = busy("ModelNew", 1.0, prelude="time.sleep(9)")
+    result = evaluate(client, slow, reference=busy("Model", 0.1), timeout_s=14, seed=4323)
+    assert result["status"] == "timeout", result["message"]
+
+
+def test_a_candidate_right_only_in_its_trials_is_stale_whatever_time_is_left(client: httpx.Client) -> None:
+    # Time short by its own doing: it is timed, and its warm-up's digest or its timed blocks show the zeros.
+    dawdler = busy("ModelNew", 0.1, prelude="time.sleep(11.8)", first=ZEROS_AFTER_ITS_TRIALS)
+    result = evaluate(client, dawdler, reference=busy("Model", 0.1), timeout_s=14, seed=4324)
+    assert result["status"] == "rejected" and "stale_output" in result["flags"], result["message"]
+    # A limit really too short for the reference: not timed, but the set it has not seen is still checked.
+    short = busy("ModelNew", 0.6, first=ZEROS_AFTER_ITS_TRIALS)
+    result = evaluate(client, short, reference=busy("Model", 0.6), timeout_s=20, seed=4321)
+    assert result["status"] == "rejected" and "stale_output" in result["flags"], result["message"]
