@@ -67,14 +67,15 @@ def signal_the_others(signum):
 
 def breaks_its_timer(signum: str) -> str:
     """Sends `signum` to them once its timing has begun (the reference's timer among them: SIGKILL kills it, SIGINT
-    makes it raise KeyboardInterrupt and report an error of its own), then answers wrong: never `evaluator_error`,
-    which carries no penalty."""
+    makes it raise KeyboardInterrupt and report an error of its own), then answers wrong from its first timed call
+    (after 3 trials and 2 warm-up calls: a wrong warm-up is `stale_output` before the timer is used again): never
+    `evaluator_error`, which carries no penalty."""
     return sources.candidate(
         f"""
 CALLS.append(1)
 if len(CALLS) == 4:
     signal_the_others(signal.{signum})
-return x.clamp_min(0) * self.scale if len(CALLS) < 4 else torch.zeros_like(x)
+return x.clamp_min(0) * self.scale if len(CALLS) <= 5 else torch.zeros_like(x)
 """,
         prelude=SIGNALS_THE_OTHERS + "CALLS = []",
     )
