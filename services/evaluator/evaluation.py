@@ -1001,13 +1001,7 @@ class Judge:
             for seeds, seed in zip(chunks, digest_seeds, strict=True)
         ]
         for index, (theirs, ours) in enumerate(zip(reference, warmed, strict=True)):
-            wrong = output_digest.mismatch(
-                theirs.digest, ours.digest, len(ours.ms), self.request.atol, self.request.rtol
-            )
-            if wrong:
-                self.run_state.flags["stale_output"] = (
-                    f"the outputs of warm-up block {index} were wrong on its fresh inputs ({wrong})"
-                )
+            if self._stale(theirs, ours, f"warm-up block {index}"):
                 raise CandidateFailure
         reference_wall_s = sum(b.drawn_wall_s + b.wall_s for b in reference)
         pace = sum(b.drawn_wall_s + b.wall_s for b in warmed) / max(reference_wall_s, 1e-9)
@@ -1068,18 +1062,7 @@ class Judge:
                     blocks[role].append(
                         await self._block(candidate, seeds, digest_seed=digest_seed, check_call=check_call)
                     )
-            wrong = output_digest.mismatch(
-                blocks["reference"][-1].digest,
-                blocks["candidate"][-1].digest,
-                calls,
-                self.request.atol,
-                self.request.rtol,
-            )
-            if wrong:
-                self.run_state.flags["stale_output"] = (
-                    f"the outputs of timed block {index} were wrong on its fresh inputs ({wrong}): an answer cached, "
-                    "computed before its inputs changed, or not computed"
-                )
+            if self._stale(blocks["reference"][-1], blocks["candidate"][-1], f"timed block {index}"):
                 break
             if check_call is not None:
                 call, block = check_call, blocks["candidate"][-1]
@@ -1092,6 +1075,19 @@ class Judge:
                     )
                     break
         return blocks
+
+    def _stale(self, reference: Block, candidate: Block, which: str) -> bool:
+        """Whether the candidate's block digest cannot come from outputs within tolerance of the reference's on the
+        same fresh inputs; flags `stale_output` if so."""
+        wrong = output_digest.mismatch(
+            reference.digest, candidate.digest, len(candidate.ms), self.request.atol, self.request.rtol
+        )
+        if wrong:
+            self.run_state.flags["stale_output"] = (
+                f"the outputs of {which} were wrong on its fresh inputs ({wrong}): an answer cached, computed before "
+                "its inputs changed, or not computed"
+            )
+        return bool(wrong)
 
     async def _block(
         self,

@@ -74,8 +74,7 @@ class CudaBackend:
         neither reused whole nor given back: on an 80 GB H100, the output digest's first matmul carved 32 MiB out of
         a freed 16 GiB input set, and the next 16 GiB draw ran out of memory with 16 GiB cached."""
         torch.cuda.set_device(self.device_index)
-        if self.flush_l2:
-            self._flush_buffer = torch.empty(self._flush_bytes() // 4, dtype=torch.int32, device=self.device)
+        self._flush()
         square = torch.ones(2, 2, device=self.device)
         square @ square  # a matrix product and a matrix-vector one (the digest's): both of cuBLAS's paths
         square @ square[0]
@@ -91,12 +90,10 @@ class CudaBackend:
         if not self.flush_l2:
             return
         if self._flush_buffer is None:
-            self._flush_buffer = torch.empty(self._flush_bytes() // 4, dtype=torch.int32, device=self.device)
+            l2 = getattr(torch.cuda.get_device_properties(self.device_index), "L2_cache_size", 0) or 0
+            nbytes = max(2 * l2, FLUSH_MIN_BYTES)
+            self._flush_buffer = torch.empty(nbytes // 4, dtype=torch.int32, device=self.device)
         self._flush_buffer.zero_()
-
-    def _flush_bytes(self) -> int:
-        l2 = getattr(torch.cuda.get_device_properties(self.device_index), "L2_cache_size", 0) or 0
-        return max(2 * l2, FLUSH_MIN_BYTES)
 
     def time_call(self, fn: Callable[..., Any], args: Sequence[Any]) -> tuple[float, Any]:
         """Event-timed milliseconds of one call after an L2 flush, and its output."""
