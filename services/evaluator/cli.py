@@ -162,8 +162,9 @@ def make_request(args: argparse.Namespace, reference: str, candidate: str) -> Ev
 
 
 def http_timeout(args: argparse.Namespace) -> float:
-    """The HTTP wait: the evaluation's own limit plus room for the queue, or the client's default."""
-    return 600.0 if args.timeout is None else args.timeout + 120.0
+    """The HTTP wait: twice the evaluation's own limit (a split-built run that failed is run again whole, with a
+    limit of its own) plus room for the queue, or the client's default."""
+    return 600.0 if args.timeout is None else 2 * args.timeout + 120.0
 
 
 # ---- score ---------------------------------------------------------------------------------------------------------

@@ -249,26 +249,19 @@ class Evaluator:
     async def _rebuild_whole(
         self, split_judge: Judge, split_result: EvaluationResult, split_run: CandidateRun
     ) -> tuple[EvaluationResult, CandidateRun]:
-        """Evaluate a split-built candidate again with every extension built whole, in what is left of the
-        request's time (the split run's deadline, its waits for build slots and the GPU added); the final result
-        and the run it came from. The whole run's verdict is final, with `build_path` `fallback`, unless the time
-        ran out: none left to start it, or the whole run hit the limit after the split run took part of it (on its
-        own it would have had all of it). Then the evaluator cannot tell the candidate's failure from the split
-        build's, and says so: `evaluator_error`, which carries no reward."""
-        if time.monotonic() >= split_judge.deadline:
-            why = "the split-built run used up the time limit, leaving none for a whole build"
-            return _unconfirmed(split_result, why, self.settings.message_chars), split_run
+        """Evaluate a split-built candidate again with every extension built whole; the final result (`build_path`
+        `fallback`) and the run it came from. The whole run gets the request's whole time limit from its own start,
+        as it would have had with split builds off, so its verdict is the one a whole-only evaluator would give,
+        `timeout` included: a split-built run that fails can make an evaluation take up to twice its limit, never
+        change its verdict."""
+        limit_s = split_judge.request.timeout_s or self.settings.default_timeout_s
         whole_judge = Judge(
-            self, split_judge.request, split_judge.device, split_judge.seed, split_judge.deadline,
+            self, split_judge.request, split_judge.device, split_judge.seed, time.monotonic() + limit_s,
             split_judge.reference, split_run.static_flags, allow_split=False,
         )  # fmt: skip
         run = await whole_judge.run()
         result = candidate_result(run, self.settings.reject_flags, self.settings.message_chars)
-        result = result.model_copy(update={"build_path": "fallback"})
-        if result.status is EvaluationStatus.timeout:
-            why = "the whole build's run reached the time limit, of which the split-built run had taken part"
-            return _unconfirmed(result, why, self.settings.message_chars), run
-        return result, run
+        return result.model_copy(update={"build_path": "fallback"}), run
 
     async def shared(self, key: str, compute: Callable[[], Any]) -> Any:
         """Await `compute()` once per key among concurrent callers (a cancelled first caller hands it on)."""
@@ -1884,19 +1877,6 @@ def _hand_over_one(worker: Worker, reference: ReferenceData, trial: int) -> str:
     except OSError as error:
         _judge_side(error, "an input set could not be handed over")
         return DISK_FULL if error.errno in (errno.ENOSPC, errno.EDQUOT) else str(error) or "not written"
-
-
-def _unconfirmed(result: EvaluationResult, why: str, message_chars: int) -> EvaluationResult:
-    """A split-built run's failure that no whole build could check: evaluator_error, saying what was seen."""
-    message = f"the {result.status.value} verdict of a split-built run could not be checked with a whole build: {why}"
-    return result.model_copy(
-        update={
-            "status": EvaluationStatus.evaluator_error,
-            "correct": False,
-            "speedup": None,
-            "message": truncate(printable(f"{message}\n{result.message}"), message_chars),
-        }
-    )
 
 
 def _names(value: Any) -> set[str]:

@@ -125,7 +125,7 @@ def test_a_correct_row_without_a_speedup_says_why():
 def test_timeout_goes_into_the_request():
     args = cli.build_parser().parse_args(["score", "--reference", "r.py", "--candidate", "c.py", "--timeout", "30"])
     assert cli.make_request(args, "x = 1", "y = 2").timeout_s == 30.0
-    assert cli.http_timeout(args) > 30.0
+    assert cli.http_timeout(args) > 2 * 30.0  # a split run and its whole rerun each get the limit
 
 
 def test_kernel_agent_dispatches_and_rejects_unknown(capsys: pytest.CaptureFixture[str]):
