@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from problems import get_problem  # noqa: E402
+from services.evaluator import split_build  # noqa: E402
 from tests.servers import run_service  # noqa: E402
 
 CANDIDATES = REPO / "bench" / "candidates"
@@ -80,7 +81,7 @@ def post(url: str, body: dict) -> dict:
 def wait_for_pch(cache: Path, limit_s: float = 300) -> float:
     """Seconds until the service's start-up headers are built: torch/extension.h's, and with split builds on the
     host code's and the binding's too."""
-    wanted = 3 if os.environ.get("EVALUATOR_SPLIT_BUILD", "").lower() in ("1", "true", "yes", "on") else 1
+    wanted = 3 if split_build.enabled() else 1
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < limit_s:
         # staging directories are named <key>.<suffix>; only a renamed (finished) one counts

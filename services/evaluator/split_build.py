@@ -94,9 +94,9 @@ BINDING_PRELUDE = f"#include <{pch.BINDING_HEADER}>\nnamespace torch {{\nusing n
 
 
 def enabled() -> bool:
-    """`EVALUATOR_SPLIT_BUILD` (default off): try split builds. Read from the service's environment when a request
-    is parsed and when the start-up PCH build runs; builders never see it."""
-    return os.environ.get("EVALUATOR_SPLIT_BUILD", "").strip().lower() in ("1", "true", "yes", "on")
+    """`EVALUATOR_SPLIT_BUILD` (default on; `0`, `false`, `no` or `off` turn it off): try split builds. Read from the
+    service's environment when a request is parsed and when the start-up PCH build runs; builders never see it."""
+    return os.environ.get("EVALUATOR_SPLIT_BUILD", "").strip().lower() not in ("0", "false", "no", "off")
 
 
 @dataclass

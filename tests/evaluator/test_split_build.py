@@ -317,10 +317,10 @@ def test_service_asks_for_a_split_only_when_enabled_and_publishes_only_the_expec
         raise AssertionError("torch's build flags need the GPU's arch; the service must not open a CUDA context")
 
     monkeypatch.setattr(build_cache.pch, "_ninja_cflags", no_flags_in_the_service)
-    monkeypatch.delenv("EVALUATOR_SPLIT_BUILD", raising=False)
+    monkeypatch.setenv("EVALUATOR_SPLIT_BUILD", "off")
     _, off = build_cache.parse_request(event, "cuda")
     assert build_cache.SPLIT_ARGUMENT not in off
-    monkeypatch.setenv("EVALUATOR_SPLIT_BUILD", "1")
+    monkeypatch.delenv("EVALUATOR_SPLIT_BUILD")  # the default
     _, on = build_cache.parse_request(event, "cuda")
     expected = on[build_cache.SPLIT_ARGUMENT]
     salt = split_build.binding_salt(tuple(build_cache.build_flags("cuda")["extra_cflags"]))

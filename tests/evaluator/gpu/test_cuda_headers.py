@@ -14,6 +14,13 @@ from services.evaluator import build_cache  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
+
+@pytest.fixture(autouse=True)
+def whole_builds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The header rewrite is the whole build's (a split build's .cu includes no torch header at all)."""
+    monkeypatch.setenv("EVALUATOR_SPLIT_BUILD", "0")
+
+
 CPP = "torch::Tensor scaled(torch::Tensor x, double s);"
 # What candidates write: TORCH_CHECK, the dispatch macro, torch:: factories, all in the .cu.
 TYPICAL = r"""
