@@ -260,11 +260,31 @@ async def _watch_exit(worker: Worker) -> None:
 
 
 def _remove_stale_work_dirs(parent: Path) -> None:
-    """Remove work dirs of evaluators that died without cleaning up (their pid is in the name)."""
+    """Remove work dirs of evaluators that died without cleaning up (their pid is in the name), and their workers'
+    disks (job_disk_mb) first: `rm` does not cross into another filesystem."""
     for path in parent.glob(f"{WORK_DIR_PREFIX}*-*"):
         pid = path.name[len(WORK_DIR_PREFIX) :].split("-", 1)[0]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            if os.geteuid() == 0:
+                sandbox.detach_mounts(path)
             remove_tree(path)
+
+
+def _job_disks(settings: Settings, strict: bool, work_dir: Path) -> int | None:
+    """The size of each worker's own disk (sandbox.mount_job_disk) where strict isolation has one: None where it is
+    off or this host refuses the mount (no CAP_SYS_ADMIN, an AppArmor profile that denies mounts), with a warning."""
+    if not strict or settings.job_disk_mb == 0:
+        return None
+    probe = sandbox.make_dir(work_dir / "disk-probe", 0o711)
+    try:
+        sandbox.mount_job_disk(probe, 1)
+    except OSError as error:
+        log.warning("no disk of its own per job (%s): a job can fill the filesystem of %s", error, work_dir)
+        return None
+    finally:
+        sandbox.detach_mounts(probe)
+        probe.rmdir()
+    return settings.job_disk_mb
 
 
 class MemoryWatch:
@@ -403,6 +423,7 @@ class WorkerPool:
         self._pch_build = _start_pch_build(settings.cache_dir)
         self.memory_watch = MemoryWatch(settings.memory_limit_mb)
         self.cgroups = job_cgroup.JobCgroups.create(settings.memory_limit_mb) if settings.job_cgroups else None
+        self.job_disk_mb = _job_disks(settings, strict, self.work_dir)
 
     def placement(self, device: str) -> str | None:
         """The GPU an evaluation's workers share (round robin), None on CPU."""
@@ -531,6 +552,8 @@ class WorkerPool:
             # A job under the service's uid may have changed the directory every worker is made in.
             sandbox.set_plain_mode(self.work_dir, WORK_DIR_MODE)
         root = sandbox.make_dir(self.work_dir / f"w{next(self._counter)}-{secrets.token_hex(4)}", 0o711)
+        if self.job_disk_mb is not None:
+            sandbox.mount_job_disk(root, self.job_disk_mb)
         home = sandbox.make_private_dir(root / "home", uid)
         limits_memory = getattr(get_backend(device), "limits_address_space", False)
         cgroup = await asyncio.to_thread(self.cgroups.make, root.name) if self.cgroups is not None else None
@@ -625,6 +648,8 @@ class WorkerPool:
             for task in (worker.reader, worker.exit_watch):
                 if task is not None:
                     task.cancel()
+            if self.job_disk_mb is not None:
+                await asyncio.to_thread(sandbox.detach_mounts, worker.root)
             await asyncio.to_thread(remove_tree, worker.root)
         finally:
             # Never read again: the number may soon name another file the service opens.
@@ -648,6 +673,8 @@ class WorkerPool:
         for worker in workers:
             with contextlib.suppress(Exception):
                 await self._dispose(worker)
+        if self.job_disk_mb is not None:  # a worker whose start failed after its disk was mounted
+            sandbox.detach_mounts(self.work_dir)
         remove_tree(self.work_dir)
         if self._pch_build is not None and self._pch_build.poll() is None:
             self._pch_build.terminate()

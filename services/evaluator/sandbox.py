@@ -51,6 +51,7 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 0x1, 0x2, 0x4, 0x8, 0x20
 MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000
+MNT_DETACH = 0x2
 # Per-mount options of /proc/self/mountinfo a read-only remount keeps (a remount replaces them all).
 MOUNT_OPTION_FLAGS = {
     "nosuid": MS_NOSUID,
@@ -212,6 +213,24 @@ def _mount(libc: ctypes.CDLL, source: str | None, target: str, fstype: str | Non
     _check(libc.mount(encode(source), encode(target), encode(fstype), flags, encode(data or None)), f"mount {target}")
 
 
+def mount_job_disk(root: Path, size_mb: int) -> None:
+    """A tmpfs of `size_mb` MiB over a worker's directory (an empty one of the service's, mode 0711): everything
+    its job writes (its home, its output) counts against that size, never against the filesystem the other jobs
+    and the service share. Pages are charged to the memory cgroup of whoever writes them. Needs CAP_SYS_ADMIN."""
+    _mount(_libc(), "tmpfs", str(root), "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0711,size={size_mb}m")
+
+
+def detach_mounts(path: Path) -> None:
+    """Detach every mount at or under `path` in the service's namespace, deepest first: a worker's disk when its
+    job is over, or those a dead service left."""
+    _detach(_libc(), [point for _, point, _ in _mounts() if _under(point, str(path))])
+
+
+def _detach(libc: ctypes.CDLL, points: list[str]) -> None:
+    for point in sorted(points, key=len, reverse=True):
+        libc.umount2(point.encode(), MNT_DETACH)  # one that is already gone is no loss
+
+
 def _untraversable_ancestor(path: str) -> str | None:
     """Highest parent of `path` that other users cannot enter (e.g. /root holding a pyenv Python)."""
     for parent in reversed(Path(path).parents):
@@ -254,15 +273,29 @@ def _private_mount(libc: ctypes.CDLL, directory: str) -> None:
         _mount(libc, "tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=1777,size=4m,nr_inodes=1024")
 
 
-def _mounts() -> list[tuple[str, int]]:
-    """Mount points of the calling process's namespace (decoded) with the flags of their per-mount options."""
+def _mounts() -> list[tuple[int, str, int]]:
+    """Mounts of the calling process's namespace: mount id, mount point (decoded) and the flags of their per-mount
+    options."""
     found = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         fields = line.split()
         point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
         flags = sum(MOUNT_OPTION_FLAGS.get(option, 0) for option in fields[5].split(","))
-        found.append((point, flags))
+        found.append((int(fields[0]), point, flags))
     return found
+
+
+def _mount_id_at(path: str) -> int | None:
+    """The id of the mount `path` resolves to now (None where nothing is there)."""
+    try:
+        descriptor = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        info = Path(f"/proc/self/fdinfo/{descriptor}").read_text()
+    finally:
+        os.close(descriptor)
+    return int(re.search(r"^mnt_id:\s*(\d+)", info, re.MULTILINE).group(1))  # type: ignore[union-attr]
 
 
 def _under(path: str, directory: str) -> bool:
@@ -274,11 +307,13 @@ def make_read_only(libc: ctypes.CDLL, writable: set[str]) -> None:
     worker mounts its own there): nothing a job writes outside its home and its private scratch places reaches a
     later job or the service, whatever the permissions of a directory it can reach (a world-writable folder on
     the service's import path, in the cache volume, anywhere the scan for shared directories does not look)."""
-    for point, flags in _mounts():
+    for mount_id, point, flags in _mounts():
         if point in writable or _under(point, "/proc"):
             continue
-        # A mount point gone from view lies under a tmpfs of ours; any other failure fails the worker's start.
-        with contextlib.suppress(FileNotFoundError):
+        # A mount whose point now leads elsewhere lies under a tmpfs of ours, out of the job's reach (a work
+        # directory that is a mount of its own under /tmp, a worker's disk): its path may exist again, as a plain
+        # directory a bind-back made, where a remount fails. Any other failure fails the worker's start.
+        if _mount_id_at(point) == mount_id:
             _mount(libc, None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
 
 
@@ -295,6 +330,11 @@ def isolate_filesystem(keep: list[str], home: str) -> None:
     roots = [p for p in covered if not any(p.startswith(o + "/") for o in covered)]
     _check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
+    # The copies of other workers' disks (mount_job_disk) this namespace got would keep their files in memory for
+    # as long as this worker lives, after the service has unmounted them.
+    own_root = os.path.dirname(os.path.realpath(home))
+    work_dir = os.path.dirname(own_root)
+    _detach(libc, [p for _, p, _ in _mounts() if p.startswith(work_dir + "/") and not _under(p, own_root)])
     # Opened inside the new namespace (a bind source must belong to it), before the tmpfs hides them.
     fds = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in roots}
     for directory in sorted(hide, key=len):

@@ -1,0 +1,128 @@
+"""Each strict job writes to a disk of its own (EVALUATOR_JOB_DISK_MB): a job that fills every byte it may write
+cannot fail another evaluation through a full shared filesystem. Real strict servers whose work directory is a
+small tmpfs of the test's; a filler candidate holds its disk full while an honest candidate is evaluated."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from services.evaluator import sandbox
+from tests.evaluator import sources
+from tests.evaluator.conftest import evaluate, server_env
+from tests.servers import run_service
+
+pytestmark = pytest.mark.usefixtures("strict_only")
+
+# Writes until its disk is full, then holds the file while other evaluations run; right otherwise.
+FILLER = sources.candidate(
+    "return x.clamp_min(0) * self.scale",
+    prelude="""
+import os, time
+descriptor = os.open("filler.bin", os.O_WRONLY | os.O_CREAT, 0o600)
+block = b"x" * (1 << 20)
+try:
+    for _ in range(4096):
+        os.write(descriptor, block)
+except OSError:
+    pass
+time.sleep(150)
+""",
+)
+WORK_DIR_MB = 160
+
+
+@contextlib.contextmanager
+def small_tmpfs(path: Path) -> Iterator[Path]:
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={WORK_DIR_MB}m,mode=0755", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def some_disk_is_full(work: Path) -> bool:
+    """Whether the work directory's filesystem, or any mounted under it (a worker's disk), is at least 90 % full."""
+    points = [p for p in Path("/proc/self/mountinfo").read_text().split() if p.startswith(str(work))]
+    for point in {str(work), *points}:
+        with contextlib.suppress(OSError):
+            stats = os.statvfs(point)
+            if stats.f_blocks and stats.f_bavail <= 0.1 * stats.f_blocks:
+                return True
+    return False
+
+
+def honest_beside_a_filler(tmp_path: Path, job_disk_mb: int) -> dict:
+    """The honest candidate's result, evaluated while the filler's job holds its disk full."""
+    with small_tmpfs(tmp_path / "work") as work:
+        env = server_env(tmp_path / "cache", EVALUATOR_WORK_DIR=str(work), EVALUATOR_JOB_DISK_MB=str(job_disk_mb))
+        # The pool is left last: stopping the server ends the filler's request, which no one waits for.
+        with (
+            ThreadPoolExecutor(1) as pool,
+            run_service("evaluator", env=env, log_path=tmp_path / "server.log") as url,
+            httpx.Client(base_url=url, timeout=600) as http,
+        ):
+            assert http.get("/health").json()["details"]["isolation"] == "strict"
+            filler = pool.submit(evaluate, http, FILLER, timeout_s=240)
+            deadline = time.monotonic() + 120
+            while not some_disk_is_full(work):
+                assert time.monotonic() < deadline and not filler.done(), "the filler never filled a disk"
+                time.sleep(0.2)
+            honest = evaluate(http, sources.CORRECT, timeout_s=120)
+            assert not filler.done(), "the filler's job ended before the honest evaluation did: no overlap"
+    return honest
+
+
+def test_a_job_that_fills_its_disk_fails_no_other_evaluation(tmp_path: Path) -> None:
+    honest = honest_beside_a_filler(tmp_path, job_disk_mb=48)
+    assert honest["status"] == "correct", honest["message"]
+
+
+def test_without_a_disk_per_job_the_filler_fails_the_honest_candidate(tmp_path: Path) -> None:
+    """The same scenario with job files on the shared work directory: the attack the disks close is real."""
+    honest = honest_beside_a_filler(tmp_path, job_disk_mb=0)
+    assert honest["status"] != "correct", honest
+
+
+# Right only where its mount namespace holds no other worker's disk: the copies a namespace gets when it is made
+# would keep those jobs' files in memory for as long as this worker lives.
+SEES_OTHER_DISKS = sources.candidate(
+    "return x.clamp_min(0) * self.scale * (1 if not OTHERS else 2)",
+    prelude="""
+import os
+own = os.path.dirname(os.getcwd())
+work = os.path.dirname(own)
+points = [line.split()[4] for line in open("/proc/self/mountinfo")]
+OTHERS = [p for p in points if p.startswith(work + "/") and not (p == own or p.startswith(own + "/"))]
+""",
+)
+
+
+def test_a_worker_keeps_no_copy_of_other_workers_disks(tmp_path: Path) -> None:
+    env = server_env(tmp_path / "cache", EVALUATOR_WORK_DIR=str(tmp_path), EVALUATOR_JOB_DISK_MB="16")
+    with (
+        run_service("evaluator", env=env, log_path=tmp_path / "server.log") as url,
+        httpx.Client(base_url=url, timeout=600) as http,
+    ):
+        result = evaluate(http, SEES_OTHER_DISKS, timeout_s=120)
+    assert result["status"] == "correct", result["message"]
+
+
+def test_a_workers_disk_is_gone_with_its_job(tmp_path: Path) -> None:
+    root = tmp_path / "w0"
+    root.mkdir()
+    sandbox.mount_job_disk(root, 4)
+    assert os.statvfs(root).f_blocks * os.statvfs(root).f_frsize == 4 << 20
+    (root / "home").mkdir()
+    sandbox.detach_mounts(root)
+    assert os.statvfs(root).f_blocks * os.statvfs(root).f_frsize != 4 << 20
+    assert not (root / "home").exists()
