@@ -273,7 +273,8 @@ def _remove_stale_work_dirs(parent: Path) -> None:
 def _job_disks(settings: Settings, strict: bool, work_dir: Path) -> int | None:
     """The size of each worker's own disk (sandbox.mount_job_disk) where strict isolation has one: None where it is
     off or this host refuses the mount (no CAP_SYS_ADMIN, an AppArmor profile that denies mounts), with a warning."""
-    if not strict or settings.job_disk_mb == 0:
+    size_mb = 4 * settings.max_file_mb if settings.job_disk_mb is None else settings.job_disk_mb
+    if not strict or size_mb == 0:
         return None
     probe = sandbox.make_dir(work_dir / "disk-probe", 0o711)
     try:
@@ -284,7 +285,7 @@ def _job_disks(settings: Settings, strict: bool, work_dir: Path) -> int | None:
     finally:
         sandbox.detach_mounts(probe)
         probe.rmdir()
-    return settings.job_disk_mb
+    return size_mb
 
 
 class MemoryWatch:
