@@ -676,9 +676,10 @@ class Judge:
                 self._timer_lost(f"the reference timer's worker did not start ({error})")
             except OSError as error:
                 log.warning("the reference timer could not be set up: %s", error)
-                if error.errno not in (errno.ENOSPC, errno.EDQUOT):
-                    # In process isolation the candidate's job, under the service's uid, can change the directory
-                    # the timer is given (make it read-only, take it away).
+                if error.errno not in (errno.ENOSPC, errno.EDQUOT) or self.pool.job_disk_mb is not None:
+                    # The timer's failure: a full disk too where each job has a disk of its own, which no other
+                    # job can fill. In process isolation the candidate's job, under the service's uid, can change
+                    # the directory the timer is given (make it read-only, take it away).
                     self._timer_lost(f"the reference timer could not be set up ({error})")
                 # The candidate's job has run, and can fill the filesystem its home shares with the timer's (its
                 # directory, its inputs): a full disk counts against it, as in a check's copy (a red-team job that
@@ -1322,6 +1323,9 @@ class Judge:
             self._timer_lost(f"the reference timer's handover socket failed ({error})")
         except (OSError, ValueError, device_handover.HandoverError) as error:
             disk_full = isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+            if disk_full and self.pool.job_disk_mb is not None:
+                # The copy goes to the timer's own disk, which no job can fill: one output does not fit there.
+                self._timer_lost(f"an output's copy does not fit the timer's disk of {self.pool.job_disk_mb} MiB")
             log.log(logging.WARNING if disk_full else logging.INFO, "check %d: refused: %s", self.checks, error)
             raise _SavedOutputRefusedError(DISK_FULL if disk_full else str(error), disk_full) from error
         command = {
@@ -1358,6 +1362,10 @@ class Judge:
             one_set = {"set": recheck}
             for worker in (self.timer, candidate):
                 failure = await asyncio.to_thread(_hand_over_one, worker, self.reference, recheck)
+                if failure == DISK_FULL and worker is self.timer and self.pool.job_disk_mb is not None:
+                    self._timer_lost(
+                        f"the re-check's inputs do not fit the timer's disk of {self.pool.job_disk_mb} MiB"
+                    )
                 if failure == DISK_FULL:
                     log.warning("the re-check's inputs could not be written: %s", failure)
                     self.run_state.flags["stale_output"] = f"the re-check could not be run: {failure}"
@@ -1716,9 +1724,10 @@ class _ForeignInputsError(OSError):
 
 
 # Errors of a copy into a worker's `inputs` that come from the service's side (its disk failing), not from the
-# candidate's file: the judge's failure, never the candidate's verdict. A full disk is not among them: a job can
-# fill the filesystem its home shares with the timer's `inputs` (no per-job disk quota), and it would then choose
-# `evaluator_error` (no penalty) for itself; the failed copy counts against the candidate instead.
+# candidate's file: the judge's failure, never the candidate's verdict. A full disk is not among them: where jobs
+# share one (process isolation, or EVALUATOR_JOB_DISK_MB=0) a job can fill the filesystem its home shares with the
+# timer's `inputs`, and it would then choose `evaluator_error` (no penalty) for itself; the failed copy counts
+# against the candidate instead. Where each job has its own disk, only the timer's side is the judge's.
 _JUDGE_SIDE_ERRNOS = frozenset({errno.EIO})
 DISK_FULL = "the disk the job shares with the judge is full"
 

@@ -52,6 +52,9 @@ CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 0x1, 0x2, 0x4, 0x8, 0x20
 MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000
 MNT_DETACH = 0x2
+# The mount source of each worker's disk (mount_job_disk), and the inodes it may hold per MiB of its size.
+JOB_DISK_SOURCE = "kernel-agent-job-disk"
+JOB_DISK_INODES_PER_MB = 64
 # Per-mount options of /proc/self/mountinfo a read-only remount keeps (a remount replaces them all).
 MOUNT_OPTION_FLAGS = {
     "nosuid": MS_NOSUID,
@@ -216,14 +219,28 @@ def _mount(libc: ctypes.CDLL, source: str | None, target: str, fstype: str | Non
 def mount_job_disk(root: Path, size_mb: int) -> None:
     """A tmpfs of `size_mb` MiB over a worker's directory (an empty one of the service's, mode 0711): everything
     its job writes (its home, its output) counts against that size, never against the filesystem the other jobs
-    and the service share. Pages are charged to the memory cgroup of whoever writes them. Needs CAP_SYS_ADMIN."""
-    _mount(_libc(), "tmpfs", str(root), "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0711,size={size_mb}m")
+    and the service share. Pages are charged to the memory cgroup of whoever writes them. Its inodes are bounded
+    too (JOB_DISK_INODES_PER_MB): the kernel frees them all at once when the disk goes. Named JOB_DISK_SOURCE, so
+    that any worker can tell every such disk from the other mounts it sees. Needs CAP_SYS_ADMIN."""
+    options = f"mode=0711,size={size_mb}m,nr_inodes={size_mb * JOB_DISK_INODES_PER_MB}"
+    _mount(_libc(), JOB_DISK_SOURCE, str(root), "tmpfs", MS_NOSUID | MS_NODEV, options)
 
 
 def detach_mounts(path: Path) -> None:
     """Detach every mount at or under `path` in the service's namespace, deepest first: a worker's disk when its
     job is over, or those a dead service left."""
-    _detach(_libc(), [point for _, point, _ in _mounts() if _under(point, str(path))])
+    real = os.path.realpath(path)  # mountinfo holds resolved paths; a work directory may be reached through a link
+    _detach(_libc(), [point for _, point, _ in _mounts() if _under(point, real)])
+
+
+def _job_disks_seen() -> list[str]:
+    """Mount points of every worker's disk (JOB_DISK_SOURCE) in the calling process's namespace, of any service."""
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        before, _, after = line.partition(" - ")
+        if after.split()[1:2] == [JOB_DISK_SOURCE]:
+            points.append(_mount_point(before.split()[4]))
+    return points
 
 
 def _detach(libc: ctypes.CDLL, points: list[str]) -> None:
@@ -279,10 +296,16 @@ def _mounts() -> list[tuple[int, str, int]]:
     found = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         fields = line.split()
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+        point = _mount_point(fields[4])
         flags = sum(MOUNT_OPTION_FLAGS.get(option, 0) for option in fields[5].split(","))
         found.append((int(fields[0]), point, flags))
     return found
+
+
+def _mount_point(field: str) -> str:
+    """A mount point as /proc/self/mountinfo writes it, with its octal escapes (space, tab, newline, backslash)
+    decoded."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def _mount_id_at(path: str) -> int | None:
@@ -322,6 +345,9 @@ def isolate_filesystem(keep: list[str], home: str) -> None:
     of `keep`, then every `keep` directory bind-mounted back at its own path, and every mount read-only except
     `home` and the private directories. Runs as root, before the uid change."""
     libc = _libc()
+    # Resolved now: once a tmpfs of ours covers a directory, a link on the way to the home (a work directory or
+    # TMPDIR reached through one) no longer leads there.
+    home = os.path.realpath(home)
     keep = sorted({os.path.realpath(p) for p in keep if os.path.isdir(p)}, key=len)
     private = {d for d in PRIVATE_DIRS if os.path.isdir(d)}
     hide = private | {a for p in keep if (a := _untraversable_ancestor(p))}
@@ -330,11 +356,11 @@ def isolate_filesystem(keep: list[str], home: str) -> None:
     roots = [p for p in covered if not any(p.startswith(o + "/") for o in covered)]
     _check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
-    # The copies of other workers' disks (mount_job_disk) this namespace got would keep their files in memory for
-    # as long as this worker lives, after the service has unmounted them.
-    own_root = os.path.dirname(os.path.realpath(home))
-    work_dir = os.path.dirname(own_root)
-    _detach(libc, [p for _, p, _ in _mounts() if p.startswith(work_dir + "/") and not _under(p, own_root)])
+    # The copies of other workers' disks (mount_job_disk, this service's or another's) this namespace got: their
+    # jobs' logs would be in reach wherever no tmpfs of ours covers them, and their files would stay in memory for
+    # as long as this worker lives.
+    own_root = os.path.dirname(home)
+    _detach(libc, [point for point in _job_disks_seen() if point != own_root])
     # Opened inside the new namespace (a bind source must belong to it), before the tmpfs hides them.
     fds = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in roots}
     for directory in sorted(hide, key=len):
@@ -348,7 +374,6 @@ def isolate_filesystem(keep: list[str], home: str) -> None:
         _mount(libc, f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
         os.close(fd)
     # The home becomes a mount of its own, so it stays writable when the mount holding it is made read-only.
-    home = os.path.realpath(home)
     _mount(libc, home, home, None, MS_BIND)
     make_read_only(libc, private | {home})
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -93,28 +94,68 @@ def test_without_a_disk_per_job_the_filler_fails_the_honest_candidate(tmp_path: 
     assert honest["status"] != "correct", honest
 
 
-# Right only where its mount namespace holds no other worker's disk: the copies a namespace gets when it is made
-# would keep those jobs' files in memory for as long as this worker lives.
+# Right only where its mount namespace holds no worker's disk but its own, this service's or another's: the copies
+# a namespace gets when it is made would keep those jobs' files in memory for as long as this worker lives, and
+# put their logs in reach wherever no tmpfs of the job's covers them.
 SEES_OTHER_DISKS = sources.candidate(
     "return x.clamp_min(0) * self.scale * (1 if not OTHERS else 2)",
-    prelude="""
+    prelude=f"""
 import os
 own = os.path.dirname(os.getcwd())
-work = os.path.dirname(own)
-points = [line.split()[4] for line in open("/proc/self/mountinfo")]
-OTHERS = [p for p in points if p.startswith(work + "/") and not (p == own or p.startswith(own + "/"))]
+OTHERS = []
+for line in open("/proc/self/mountinfo"):
+    before, _, after = line.partition(" - ")
+    point = before.split()[4]
+    if after.split()[1] == {sandbox.JOB_DISK_SOURCE!r} and point != own and not point.startswith(own + "/"):
+        OTHERS.append(point)
+""",
+)
+# Creates more files than its disk has inodes for (16 MiB: 1,024); right only where that fails.
+MANY_FILES = sources.candidate(
+    "return x.clamp_min(0) * self.scale * (2 if MADE == 5000 else 1)",
+    prelude="""
+import os, shutil
+os.mkdir("many")
+MADE = 0
+try:
+    for MADE in range(1, 5001):
+        open(f"many/{MADE}", "w").close()
+except OSError:
+    pass
+shutil.rmtree("many")  # the worker needs inodes of its own for the outputs
 """,
 )
 
 
-def test_a_worker_keeps_no_copy_of_other_workers_disks(tmp_path: Path) -> None:
-    env = server_env(tmp_path / "cache", EVALUATOR_WORK_DIR=str(tmp_path), EVALUATOR_JOB_DISK_MB="16")
+@contextlib.contextmanager
+def another_services_disk() -> Iterator[Path]:
+    """A worker's disk of another service on this host, where no tmpfs of a strict job covers it."""
+    point = Path(tempfile.mkdtemp(prefix="ka-other-service-", dir="/srv"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0711", sandbox.JOB_DISK_SOURCE, str(point)], check=True)
+    try:
+        (point / "stdio.log").write_text("another job's log")
+        yield point
+    finally:
+        subprocess.run(["umount", "-l", str(point)], check=False)
+        point.rmdir()
+
+
+def test_a_worker_keeps_no_copy_of_other_disks_and_its_disk_has_few_inodes(tmp_path: Path) -> None:
+    # The work directory is reached through a link, as a TMPDIR may be: mountinfo holds the resolved paths.
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    env = server_env(tmp_path / "cache", EVALUATOR_WORK_DIR=str(tmp_path / "link"), EVALUATOR_JOB_DISK_MB="16")
     with (
+        another_services_disk(),
         run_service("evaluator", env=env, log_path=tmp_path / "server.log") as url,
         httpx.Client(base_url=url, timeout=600) as http,
     ):
-        result = evaluate(http, SEES_OTHER_DISKS, timeout_s=120)
-    assert result["status"] == "correct", result["message"]
+        seen = evaluate(http, SEES_OTHER_DISKS, timeout_s=120)
+        made = evaluate(http, MANY_FILES, timeout_s=120)
+    assert seen["status"] == "correct", seen["message"]
+    assert made["status"] == "correct", made["message"]
+    left = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(tmp_path) in line]
+    assert not left, left  # every disk detached when its worker went, and the probe's at start
 
 
 def test_a_workers_disk_is_gone_with_its_job(tmp_path: Path) -> None:
