@@ -1323,9 +1323,9 @@ class Judge:
             self._timer_lost(f"the reference timer's handover socket failed ({error})")
         except (OSError, ValueError, device_handover.HandoverError) as error:
             disk_full = isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
-            if disk_full and self.pool.job_disk_mb is not None:
-                # The copy goes to the timer's own disk, which no job can fill: one output does not fit there.
-                self._timer_lost(f"an output's copy does not fit the timer's disk of {self.pool.job_disk_mb} MiB")
+            # A full disk counts against the candidate even where the timer's disk is its own: the candidate sets
+            # the size of what is copied, up to the copy limit (a red-team job padded its file, sparse on its own
+            # disk, to have the copy fail and get evaluator_error).
             log.log(logging.WARNING if disk_full else logging.INFO, "check %d: refused: %s", self.checks, error)
             raise _SavedOutputRefusedError(DISK_FULL if disk_full else str(error), disk_full) from error
         command = {
@@ -1727,7 +1727,8 @@ class _ForeignInputsError(OSError):
 # candidate's file: the judge's failure, never the candidate's verdict. A full disk is not among them: where jobs
 # share one (process isolation, or EVALUATOR_JOB_DISK_MB=0) a job can fill the filesystem its home shares with the
 # timer's `inputs`, and it would then choose `evaluator_error` (no penalty) for itself; the failed copy counts
-# against the candidate instead. Where each job has its own disk, only the timer's side is the judge's.
+# against the candidate instead. Where each job has its own disk, the service's writes of inputs to the timer's
+# disk are the judge's; a copy of the candidate's file there is not (the candidate sets its size).
 _JUDGE_SIDE_ERRNOS = frozenset({errno.EIO})
 DISK_FULL = "the disk the job shares with the judge is full"
 

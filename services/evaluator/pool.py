@@ -262,12 +262,19 @@ async def _watch_exit(worker: Worker) -> None:
 def _remove_stale_work_dirs(parent: Path) -> None:
     """Remove work dirs of evaluators that died without cleaning up (their pid is in the name), and their workers'
     disks (job_disk_mb) first: `rm` does not cross into another filesystem."""
+    parent = parent.resolve()
     for path in parent.glob(f"{WORK_DIR_PREFIX}*-*"):
         pid = path.name[len(WORK_DIR_PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            if os.geteuid() == 0:
-                sandbox.detach_mounts(path)
-            remove_tree(path)
+        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+            continue
+        # Never followed: anyone may write a shared parent such as /tmp, and a link planted there under a dead
+        # service's name had the service detach every mount beneath the link's target.
+        info = os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+            continue
+        if os.geteuid() == 0:
+            sandbox.detach_mounts(path)
+        remove_tree(path)
 
 
 def _job_disks(settings: Settings, strict: bool, work_dir: Path) -> int | None:

@@ -27,6 +27,7 @@ import io
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import sys
@@ -429,7 +430,11 @@ def _save_for_check(context: WorkerContext, output: Any, command: dict[str, Any]
             finally:
                 device_handover.close_all(fds)
             return described
-    check_dir = context.home / "checks" / str(int(command["check"]))
+    checks = context.home / "checks"
+    # The judge copied every earlier check before it asked for this one: kept, one output per check filled the
+    # disk of an honest job with a long timing run (a red-team pass).
+    shutil.rmtree(checks, ignore_errors=True)
+    check_dir = checks / str(int(command["check"]))
     check_dir.mkdir(parents=True)
     _save({"outputs": to_plain(output, exact=exact), "inputs_after": []}, check_dir / "0.pt")
     return None

@@ -227,10 +227,10 @@ def mount_job_disk(root: Path, size_mb: int) -> None:
 
 
 def detach_mounts(path: Path) -> None:
-    """Detach every mount at or under `path` in the service's namespace, deepest first: a worker's disk when its
-    job is over, or those a dead service left."""
-    real = os.path.realpath(path)  # mountinfo holds resolved paths; a work directory may be reached through a link
-    _detach(_libc(), [point for _, point, _ in _mounts() if _under(point, real)])
+    """Detach every mount at or under `path` (resolved, as mountinfo has it: never through a link a job could
+    plant) in the service's namespace, deepest first: a worker's disk when its job is over, or those a dead service
+    left."""
+    _detach(_libc(), [point for _, point, _ in _mounts() if _under(point, str(path))])
 
 
 def _job_disks_seen() -> list[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.evaluator import sandbox
+from services.evaluator import pool, sandbox
 from tests.evaluator import sources
 from tests.evaluator.conftest import evaluate, server_env
 from tests.servers import run_service
@@ -167,3 +167,67 @@ def test_a_workers_disk_is_gone_with_its_job(tmp_path: Path) -> None:
     sandbox.detach_mounts(root)
     assert os.statvfs(root).f_blocks * os.statvfs(root).f_frsize != 4 << 20
     assert not (root / "home").exists()
+
+
+def test_a_link_planted_under_a_dead_services_name_is_not_followed(tmp_path: Path) -> None:
+    """Anyone may write /tmp: a link named like a dead service's work directory must not lead the service to
+    detach the mounts beneath its target, nor to remove what is there."""
+    target = tmp_path / "target"
+    (target / "mounted").mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(target / "mounted")], check=True)
+    try:
+        (target / "mounted" / "kept").write_text("kept")
+        parent = tmp_path / "parent"
+        parent.mkdir()
+        (parent / f"{pool.WORK_DIR_PREFIX}999999999-planted").symlink_to(target)
+        pool._remove_stale_work_dirs(parent)
+        assert (target / "mounted" / "kept").read_text() == "kept"
+    finally:
+        subprocess.run(["umount", "-l", str(target / "mounted")], check=False)
+
+
+# Two million floats (8 MB) in and out: a check's copy of an output is about as large as the test's disk allows.
+BIG_REFERENCE = sources.REFERENCE.replace("torch.randn(64, 64)", "torch.randn(2_000_000)")
+# Wrong; each output it saves for a check becomes a sparse file of the largest size the judge copies (2 x the
+# output's bytes + 1 MiB): nothing on its own disk, but more than the timer's disk holds once copied.
+PADDED_WRONG = sources.candidate(
+    """
+y = x.clamp_min(0) * self.scale + 1.0
+PAD["size"] = 2 * y.numel() * y.element_size() + (1 << 20)
+return y
+""",
+    prelude="""
+import os
+import torch.serialization as serialization
+
+PAD = {}
+exit_writer = serialization._open_zipfile_writer_file.__exit__
+
+
+def padded_exit(self, *args):
+    exit_writer(self, *args)
+    if "/checks/" in str(self.name) and PAD.get("size"):
+        os.truncate(self.name, PAD["size"])
+
+
+serialization._open_zipfile_writer_file.__exit__ = padded_exit
+""",
+)
+
+
+def test_a_small_disk_fails_no_honest_check_and_gives_no_wrong_candidate_a_pass(tmp_path: Path) -> None:
+    """16 MiB disks and 8 MB outputs, outputs checked in files (the `drawn` data path, a GPU's, forced here): an
+    honest candidate timed over many checks stays `correct` (each check's file went on piling up on its disk), and a
+    wrong one that inflates the copy the timer's disk receives gets no `evaluator_error` (no penalty)."""
+    assert "torch.randn(2_000_000)" in BIG_REFERENCE
+    env = server_env(
+        tmp_path / "cache", EVALUATOR_WORK_DIR=str(tmp_path), EVALUATOR_JOB_DISK_MB="16", EVALUATOR_DATA_PATH="drawn"
+    )
+    with (
+        run_service("evaluator", env=env, log_path=tmp_path / "server.log") as url,
+        httpx.Client(base_url=url, timeout=600) as http,
+    ):
+        honest = evaluate(http, sources.CORRECT, reference=BIG_REFERENCE, timeout_s=180, timing_trials=10)
+        padded = evaluate(http, PADDED_WRONG, reference=BIG_REFERENCE, timeout_s=180, correctness_trials=1)
+    assert padded["status"] in ("incorrect", "rejected"), padded
+    assert honest["status"] == "correct", honest["message"]
