@@ -18,7 +18,7 @@ import pytest
 
 from services.evaluator import pool, sandbox
 from tests.evaluator import sources
-from tests.evaluator.conftest import evaluate, server_env
+from tests.evaluator.conftest import evaluate, sandbox_uid_base, server_env
 from tests.servers import run_service
 
 pytestmark = pytest.mark.usefixtures("strict_only")
@@ -35,10 +35,17 @@ try:
         os.write(descriptor, block)
 except OSError:
     pass
-time.sleep(150)
+time.sleep(400)
 """,
 )
 WORK_DIR_MB = 160
+# Past the uids the session's servers lease (and test_job_cgroup_start's): a server that shared a uid with an idle
+# worker of another would stop and kill that worker with its own job's.
+UID_OFFSET = 3300
+
+
+def job_disk_server_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    return server_env(tmp_path / "cache", EVALUATOR_SANDBOX_UID_BASE=str(sandbox_uid_base() + UID_OFFSET), **extra)
 
 
 @contextlib.contextmanager
@@ -65,7 +72,7 @@ def some_disk_is_full(work: Path) -> bool:
 def honest_beside_a_filler(tmp_path: Path, job_disk_mb: int) -> dict:
     """The honest candidate's result, evaluated while the filler's job holds its disk full."""
     with small_tmpfs(tmp_path / "work") as work:
-        env = server_env(tmp_path / "cache", EVALUATOR_WORK_DIR=str(work), EVALUATOR_JOB_DISK_MB=str(job_disk_mb))
+        env = job_disk_server_env(tmp_path, EVALUATOR_WORK_DIR=str(work), EVALUATOR_JOB_DISK_MB=str(job_disk_mb))
         # The pool is left last: stopping the server ends the filler's request, which no one waits for.
         with (
             ThreadPoolExecutor(1) as pool,
@@ -73,12 +80,12 @@ def honest_beside_a_filler(tmp_path: Path, job_disk_mb: int) -> dict:
             httpx.Client(base_url=url, timeout=600) as http,
         ):
             assert http.get("/health").json()["details"]["isolation"] == "strict"
-            filler = pool.submit(evaluate, http, FILLER, timeout_s=240)
-            deadline = time.monotonic() + 120
+            filler = pool.submit(evaluate, http, FILLER, timeout_s=600)
+            deadline = time.monotonic() + 300
             while not some_disk_is_full(work):
                 assert time.monotonic() < deadline and not filler.done(), "the filler never filled a disk"
                 time.sleep(0.2)
-            honest = evaluate(http, sources.CORRECT, timeout_s=120)
+            honest = evaluate(http, sources.CORRECT, timeout_s=240)
             assert not filler.done(), "the filler's job ended before the honest evaluation did: no overlap"
     return honest
 
@@ -144,7 +151,7 @@ def test_a_worker_keeps_no_copy_of_other_disks_and_its_disk_has_few_inodes(tmp_p
     # The work directory is reached through a link, as a TMPDIR may be: mountinfo holds the resolved paths.
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "real")
-    env = server_env(tmp_path / "cache", EVALUATOR_WORK_DIR=str(tmp_path / "link"), EVALUATOR_JOB_DISK_MB="16")
+    env = job_disk_server_env(tmp_path, EVALUATOR_WORK_DIR=str(tmp_path / "link"), EVALUATOR_JOB_DISK_MB="16")
     with (
         another_services_disk(),
         run_service("evaluator", env=env, log_path=tmp_path / "server.log") as url,
@@ -220,8 +227,8 @@ def test_a_small_disk_fails_no_honest_check_and_gives_no_wrong_candidate_a_pass(
     honest candidate timed over many checks stays `correct` (each check's file went on piling up on its disk), and a
     wrong one that inflates the copy the timer's disk receives gets no `evaluator_error` (no penalty)."""
     assert "torch.randn(2_000_000)" in BIG_REFERENCE
-    env = server_env(
-        tmp_path / "cache", EVALUATOR_WORK_DIR=str(tmp_path), EVALUATOR_JOB_DISK_MB="16", EVALUATOR_DATA_PATH="drawn"
+    env = job_disk_server_env(
+        tmp_path, EVALUATOR_WORK_DIR=str(tmp_path), EVALUATOR_JOB_DISK_MB="16", EVALUATOR_DATA_PATH="drawn"
     )
     with (
         run_service("evaluator", env=env, log_path=tmp_path / "server.log") as url,
