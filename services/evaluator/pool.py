@@ -280,7 +280,7 @@ def _remove_stale_work_dirs(parent: Path) -> None:
 def _job_disks(settings: Settings, strict: bool, work_dir: Path) -> int | None:
     """The size of each worker's own disk (sandbox.mount_job_disk) where strict isolation has one: None where it is
     off or this host refuses the mount (no CAP_SYS_ADMIN, an AppArmor profile that denies mounts), with a warning."""
-    size_mb = 4 * settings.max_file_mb if settings.job_disk_mb is None else settings.job_disk_mb
+    size_mb = settings.job_disk_mb
     if not strict or size_mb == 0:
         return None
     probe = sandbox.make_dir(work_dir / "disk-probe", 0o711)
