@@ -230,17 +230,12 @@ def detach_mounts(path: Path) -> None:
     """Detach every mount at or under `path` (resolved, as mountinfo has it: never through a link a job could
     plant) in the service's namespace, deepest first: a worker's disk when its job is over, or those a dead service
     left."""
-    _detach(_libc(), [point for _, point, _ in _mounts() if _under(point, str(path))])
+    _detach(_libc(), [point for _, point, _, _ in _mounts() if _under(point, str(path))])
 
 
 def _job_disks_seen() -> list[str]:
     """Mount points of every worker's disk (JOB_DISK_SOURCE) in the calling process's namespace, of any service."""
-    points = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        before, _, after = line.partition(" - ")
-        if after.split()[1:2] == [JOB_DISK_SOURCE]:
-            points.append(_mount_point(before.split()[4]))
-    return points
+    return [point for _, point, _, source in _mounts() if source == JOB_DISK_SOURCE]
 
 
 def _detach(libc: ctypes.CDLL, points: list[str]) -> None:
@@ -290,15 +285,16 @@ def _private_mount(libc: ctypes.CDLL, directory: str) -> None:
         _mount(libc, "tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=1777,size=4m,nr_inodes=1024")
 
 
-def _mounts() -> list[tuple[int, str, int]]:
-    """Mounts of the calling process's namespace: mount id, mount point (decoded) and the flags of their per-mount
-    options."""
+def _mounts() -> list[tuple[int, str, int, str]]:
+    """Mounts of the calling process's namespace: mount id, mount point (decoded), the flags of their per-mount
+    options, and their source (after the optional fields' ` - ` separator, the second field)."""
     found = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         fields = line.split()
         point = _mount_point(fields[4])
         flags = sum(MOUNT_OPTION_FLAGS.get(option, 0) for option in fields[5].split(","))
-        found.append((int(fields[0]), point, flags))
+        source = line.partition(" - ")[2].split()[1:2]
+        found.append((int(fields[0]), point, flags, source[0] if source else ""))
     return found
 
 
@@ -330,7 +326,7 @@ def make_read_only(libc: ctypes.CDLL, writable: set[str]) -> None:
     worker mounts its own there): nothing a job writes outside its home and its private scratch places reaches a
     later job or the service, whatever the permissions of a directory it can reach (a world-writable folder on
     the service's import path, in the cache volume, anywhere the scan for shared directories does not look)."""
-    for mount_id, point, flags in _mounts():
+    for mount_id, point, flags, _ in _mounts():
         if point in writable or _under(point, "/proc"):
             continue
         # A mount whose point now leads elsewhere lies under a tmpfs of ours, out of the job's reach (a work
