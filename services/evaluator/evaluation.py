@@ -1705,8 +1705,10 @@ def judge_timing(
 def _hand_over(worker: Worker, reference: ReferenceData, trials: range) -> None:
     """Give a worker its inputs (never the expected outputs), in files it can read but not change."""
     inputs_dir = sandbox.make_dir(worker.home / "inputs", 0o755)
+    worker.charge_service_write(len(reference.init_bytes))
     write_readonly_file(inputs_dir / "init.pt", reference.init_bytes)
     for trial in trials:
+        worker.charge_service_write(len(reference.input_bytes[trial]))
         write_readonly_file(inputs_dir / f"inputs_{trial}.pt", reference.input_bytes[trial])
     inputs_dir.chmod(0o555)
 
@@ -1761,17 +1763,22 @@ def _hand_over_check(candidate: Worker, timer: Worker, check: int, limit: int) -
     """Copy the output file a candidate saved for a check into the timer's `inputs` (_writable_inputs), from the
     candidate's file opened without following links (safe_files). OSError or ValueError: the candidate's file is
     not a single regular file of its own within `limit`; EvaluatorFailure: the copy failed on the service's side."""
+    # Charged at the most it can be until its size is known: never less than the copy holds (MemoryWatch).
+    timer.charge_service_write(limit)
     try:
         with _writable_inputs(timer) as directory:
-            copy_file_beneath(
+            copied = copy_file_beneath(
                 candidate.root, f"home/checks/{check}/0.pt", f"check_{check}.pt", limit, candidate.uid,
                 dir_fd=directory,
             )  # fmt: skip
+        timer.charge_service_write(copied)
     except _ForeignInputsError as error:
         raise EvaluatorFailure(f"the reference timer's {error}") from error
     except OSError as error:
         _judge_side(error, "the output saved for a check could not be copied to the reference timer")
         raise
+    finally:
+        timer.release_service_write(limit)
 
 
 class _TimerSocketError(OSError):
@@ -1800,7 +1807,9 @@ def _pass_handover(candidate: Worker, timer: Worker, check: int, nonce: str, des
 def _remove_check(timer: Worker, check: int) -> None:
     """Remove a check's copy (_hand_over_check) once the timer has compared it: a long timing run makes many."""
     with _writable_inputs(timer) as directory, contextlib.suppress(FileNotFoundError):
+        size = os.stat(f"check_{check}.pt", dir_fd=directory, follow_symlinks=False).st_size
         os.unlink(f"check_{check}.pt", dir_fd=directory)
+        timer.release_service_write(size)
 
 
 def _job_cpu_clocks(worker: Worker) -> dict[int, float]:
@@ -1881,6 +1890,7 @@ def _hand_over_one(worker: Worker, reference: ReferenceData, trial: int) -> str:
     try:
         with _writable_inputs(worker) as directory:
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            worker.charge_service_write(len(reference.input_bytes[trial]))  # a part written stays: never released
             with os.fdopen(os.open(f"inputs_{trial}.pt", flags, 0o444, dir_fd=directory), "wb") as handle:
                 handle.write(reference.input_bytes[trial])
         return ""

@@ -108,6 +108,20 @@ class Worker:
     handover: socket.socket | None = None
     # Its directories as made (_dir_identities), which an idle worker's must still be when it is taken.
     made_dirs: list[tuple[int, int, int, bool] | None] = field(default_factory=list)
+    # Where its directory is a disk of its own (EVALUATOR_JOB_DISK_MB): the bytes the service put there (inputs,
+    # copies of the candidate's checks), which count against the job's memory nowhere (MemoryWatch). Raised before
+    # each write and lowered after each removal, so that it is never below what the service's files hold.
+    disk_service_bytes: int | None = None
+
+    def charge_service_write(self, size: int) -> None:
+        """The service is about to put `size` bytes on the worker's own disk (where it has one)."""
+        if self.disk_service_bytes is not None:
+            self.disk_service_bytes += sandbox.disk_bytes(size)
+
+    def release_service_write(self, size: int) -> None:
+        """The service removed (or did not write) `size` bytes it had charged."""
+        if self.disk_service_bytes is not None:
+            self.disk_service_bytes = max(0, self.disk_service_bytes - sandbox.disk_bytes(size))
 
     async def send(self, message: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
@@ -339,14 +353,28 @@ class MemoryWatch:
         for worker in workers:
             if worker.note_out_of_memory():
                 over.append(worker)
-            elif (
-                worker in summed
-                and worker.proc.returncode is None
-                and sandbox.resident_bytes(worker.uid, worker.proc.pid, table) > self.limit_mb << 20
-            ):
-                worker.killed_for = f"using more than {self.limit_mb} MB of resident memory"
-                over.append(worker)
+            elif worker in summed and worker.proc.returncode is None:
+                held = sandbox.resident_bytes(worker.uid, worker.proc.pid, table)
+                on_disk = _files_in_memory(worker)
+                if held + on_disk > self.limit_mb << 20:
+                    files = " and files on its disk" if on_disk else ""
+                    worker.killed_for = f"using more than {self.limit_mb} MB of resident memory{files}"
+                    over.append(worker)
         return over
+
+
+def _files_in_memory(worker: Worker) -> int:
+    """Bytes of the job's own files on its disk where that disk is memory no cgroup counts: a job disk (a tmpfs)
+    of a worker without a cgroup. Without this, a job's files there were memory beyond its limit (a red-team job
+    wrote 1.5 GB against a 1 GiB limit and scored `correct`). What the service put there is not the job's, and the
+    job cannot remove it (the `inputs` directory it is in is the service's, read-only)."""
+    if worker.disk_service_bytes is None or worker.cgroup is not None:
+        return 0
+    try:
+        used = sandbox.disk_used_bytes(worker.root)
+    except OSError:  # disposed of meanwhile
+        return 0
+    return max(0, used - worker.disk_service_bytes)
 
 
 def _counted_by_cgroup(worker: Worker) -> bool:
@@ -639,6 +667,7 @@ class WorkerPool:
             cgroup=cgroup,
             stdio=stdio_reader,
             handover=handover,
+            disk_service_bytes=0 if self.job_disk_mb is not None else None,
         )
         worker.made_dirs = _dir_identities(worker)
         loop = asyncio.get_running_loop()

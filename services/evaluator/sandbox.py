@@ -226,6 +226,17 @@ def mount_job_disk(root: Path, size_mb: int) -> None:
     _mount(_libc(), JOB_DISK_SOURCE, str(root), "tmpfs", MS_NOSUID | MS_NODEV, options)
 
 
+def disk_used_bytes(root: Path) -> int:
+    """Bytes in use on the filesystem at `root` (a job's disk: the pages its files hold)."""
+    info = os.statvfs(root)
+    return (info.f_blocks - info.f_bfree) * info.f_frsize
+
+
+def disk_bytes(size: int) -> int:
+    """What a file of `size` bytes takes on a tmpfs: whole pages."""
+    return -(-size // PAGE_BYTES) * PAGE_BYTES
+
+
 def detach_mounts(path: Path) -> None:
     """Detach every mount at or under `path` (resolved, as mountinfo has it: never through a link a job could
     plant) in the service's namespace, deepest first: a worker's disk when its job is over, or those a dead service

@@ -238,3 +238,56 @@ def test_a_small_disk_fails_no_honest_check_and_gives_no_wrong_candidate_a_pass(
         padded = evaluate(http, PADDED_WRONG, reference=BIG_REFERENCE, timeout_s=180, correctness_trials=1)
     assert padded["status"] in ("incorrect", "rejected"), padded
     assert honest["status"] == "correct", honest["message"]
+
+
+# Right, after writing 1.5 GB to its disk and keeping it: more than its memory limit of 1 GiB, in files.
+FILES_PAST_THE_LIMIT = sources.candidate(
+    "return x.clamp_min(0) * self.scale",
+    prelude="""
+import os
+descriptor = os.open("held.bin", os.O_WRONLY | os.O_CREAT, 0o600)
+block = b"x" * (1 << 20)
+for _ in range(1536):
+    os.write(descriptor, block)
+""",
+)
+
+
+def test_files_on_a_job_disk_count_against_its_memory_where_no_cgroup_does(tmp_path: Path) -> None:
+    """A job disk is memory (a tmpfs). Where jobs have no cgroup (EVALUATOR_JOB_CGROUPS=false, or compose, whose
+    /sys/fs/cgroup is read-only), the memory watch counts the job's files there with its resident memory: the
+    candidate above scored `correct` with 1.5 GB of files against a 1 GiB limit. An honest candidate stays right."""
+    env = job_disk_server_env(
+        tmp_path, EVALUATOR_WORK_DIR=str(tmp_path), EVALUATOR_JOB_DISK_MB="2048", EVALUATOR_JOB_CGROUPS="false",
+        EVALUATOR_MEMORY_LIMIT_MB="1024",
+    )  # fmt: skip
+    with (
+        run_service("evaluator", env=env, log_path=tmp_path / "server.log") as url,
+        httpx.Client(base_url=url, timeout=600) as http,
+    ):
+        assert http.get("/health").json()["details"]["job_cgroups"] is None
+        held = evaluate(http, FILES_PAST_THE_LIMIT, timeout_s=180)
+        honest = evaluate(http, sources.CORRECT, timeout_s=180)
+    assert held["status"] == "crashed", held
+    assert "files on its disk" in held["message"], held["message"]
+    assert honest["status"] == "correct", honest["message"]
+
+
+def test_what_the_service_puts_on_a_job_disk_is_not_the_jobs(tmp_path: Path) -> None:
+    root = tmp_path / "w0"
+    root.mkdir()
+    sandbox.mount_job_disk(root, 64)
+    try:
+        worker = pool.Worker(proc=None, device="cpu", root=root, home=root, uid=None, disk_service_bytes=0)  # type: ignore[arg-type]
+        empty = sandbox.disk_used_bytes(root)
+        inputs = b"i" * 3_000_001
+        worker.charge_service_write(len(inputs))
+        (root / "inputs.pt").write_bytes(inputs)
+        assert pool._files_in_memory(worker) <= empty
+        (root / "job.bin").write_bytes(b"j" * (5 << 20))
+        assert 5 << 20 <= pool._files_in_memory(worker) <= (5 << 20) + empty
+        (root / "inputs.pt").unlink()
+        worker.release_service_write(len(inputs))
+        assert 5 << 20 <= pool._files_in_memory(worker) <= (5 << 20) + empty
+    finally:
+        sandbox.detach_mounts(root)
