@@ -84,13 +84,14 @@ class Settings(BaseSettings):
     )
     max_processes: int = Field(128, ge=16, description="Processes+threads of one sandbox uid (RLIMIT_NPROC, strict).")
     max_file_mb: int = Field(2048, ge=1, description="Largest file a worker may write (RLIMIT_FSIZE).")
-    job_disk_mb: int = Field(
-        0,
+    job_disk_mb: int | None = Field(
+        None,
         ge=0,
         description="Strict isolation: each worker's directory is a tmpfs of this many MiB, so a job that fills its "
         "disk fills its own and not the one other evaluations and the service write to. Its files are then memory "
-        "the job's cgroup counts and cannot reclaim, as on a tmpfs work directory (compose sets it); 0 (default) "
-        "keeps job files on the work directory's filesystem, unbounded in sum.",
+        "the job's cgroup counts and cannot reclaim, as on a tmpfs work directory; 0 keeps job files on the work "
+        "directory's filesystem, unbounded in sum. Unset: 4 x max_file_mb where the work directory is a tmpfs "
+        "already (its files are memory either way), 0 elsewhere.",
     )
     isolation: Isolation | None = Field(
         None, description="`process` or `strict`; unset picks the strongest one that works on this machine."

@@ -41,6 +41,9 @@ MAX_EVENT_BYTES = 16 << 20
 STDIO_TAIL_BYTES = 16_384
 # Nice value of workers while they start and wait idle: below every evaluation that is being timed.
 IDLE_NICE = 10
+# A job disk of this many of the largest files a job may write, where its size is not set: the largest file beside
+# inputs (or a timer's copies of checks) of up to three such files.
+JOB_DISK_FILES = 4
 
 
 def uid_count(workers: int) -> int:
@@ -293,8 +296,12 @@ def _remove_stale_work_dirs(parent: Path) -> None:
 
 def _job_disks(settings: Settings, strict: bool, work_dir: Path) -> int | None:
     """The size of each worker's own disk (sandbox.mount_job_disk) where strict isolation has one: None where it is
-    off or this host refuses the mount (no CAP_SYS_ADMIN, an AppArmor profile that denies mounts), with a warning."""
+    off or this host refuses the mount (no CAP_SYS_ADMIN, an AppArmor profile that denies mounts), with a warning.
+    Unset, on where the work directory is a tmpfs: its files are memory already, and a job that filled it would
+    fail every evaluation beside it (Debian 13 and Fedora mount /tmp, the default work directory, so)."""
     size_mb = settings.job_disk_mb
+    if size_mb is None:
+        size_mb = JOB_DISK_FILES * settings.max_file_mb if sandbox.filesystem_type(work_dir) == "tmpfs" else 0
     if not strict or size_mb == 0:
         return None
     probe = sandbox.make_dir(work_dir / "disk-probe", 0o711)

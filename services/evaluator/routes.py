@@ -113,6 +113,8 @@ async def get_health(settings: SettingsDep, pool: WorkerPoolDep) -> HealthRespon
             "isolation": "strict" if pool.strict else "process",
             # "v1" or "v2" where each job has a cgroup (its memory limit and CPU clock by the kernel), else null.
             "job_cgroups": None if pool.cgroups is None else ("v2" if pool.cgroups.v2 else "v1"),
+            # MiB of each strict worker's own disk (EVALUATOR_JOB_DISK_MB), null where job files share one.
+            "job_disk_mb": pool.job_disk_mb,
             "devices": [name for name in BACKENDS if get_backend(name).available()],
             "workers": settings.workers,
             "running": pool.running,

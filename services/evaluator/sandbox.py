@@ -36,7 +36,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from services.evaluator import syscall_filter
 
@@ -241,12 +241,12 @@ def detach_mounts(path: Path) -> None:
     """Detach every mount at or under `path` (resolved, as mountinfo has it: never through a link a job could
     plant) in the service's namespace, deepest first: a worker's disk when its job is over, or those a dead service
     left."""
-    _detach(_libc(), [point for _, point, _, _ in _mounts() if _under(point, str(path))])
+    _detach(_libc(), [mount.point for mount in _mounts() if _under(mount.point, str(path))])
 
 
 def _job_disks_seen() -> list[str]:
     """Mount points of every worker's disk (JOB_DISK_SOURCE) in the calling process's namespace, of any service."""
-    return [point for _, point, _, source in _mounts() if source == JOB_DISK_SOURCE]
+    return [mount.point for mount in _mounts() if mount.source == JOB_DISK_SOURCE]
 
 
 def _detach(libc: ctypes.CDLL, points: list[str]) -> None:
@@ -296,17 +296,33 @@ def _private_mount(libc: ctypes.CDLL, directory: str) -> None:
         _mount(libc, "tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=1777,size=4m,nr_inodes=1024")
 
 
-def _mounts() -> list[tuple[int, str, int, str]]:
-    """Mounts of the calling process's namespace: mount id, mount point (decoded), the flags of their per-mount
-    options, and their source (after the optional fields' ` - ` separator, the second field)."""
+class Mount(NamedTuple):
+    """One line of /proc/self/mountinfo: mount id, mount point (decoded), the flags of its per-mount options, and,
+    after the optional fields' ` - ` separator, its filesystem type and source."""
+
+    id: int
+    point: str
+    flags: int
+    fstype: str
+    source: str
+
+
+def _mounts() -> list[Mount]:
+    """Mounts of the calling process's namespace."""
     found = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         fields = line.split()
-        point = _mount_point(fields[4])
         flags = sum(MOUNT_OPTION_FLAGS.get(option, 0) for option in fields[5].split(","))
-        source = line.partition(" - ")[2].split()[1:2]
-        found.append((int(fields[0]), point, flags, source[0] if source else ""))
+        after = line.partition(" - ")[2].split()
+        fstype, source = (after[0] if after else ""), (after[1] if len(after) > 1 else "")
+        found.append(Mount(int(fields[0]), _mount_point(fields[4]), flags, fstype, source))
     return found
+
+
+def filesystem_type(path: Path) -> str:
+    """The type of the filesystem `path` is on (`tmpfs`, `ext4`, ...), as this process's namespace mounts it."""
+    mount_id = _mount_id_at(str(path))
+    return next((mount.fstype for mount in _mounts() if mount.id == mount_id), "")
 
 
 def _mount_point(field: str) -> str:
@@ -337,7 +353,7 @@ def make_read_only(libc: ctypes.CDLL, writable: set[str]) -> None:
     worker mounts its own there): nothing a job writes outside its home and its private scratch places reaches a
     later job or the service, whatever the permissions of a directory it can reach (a world-writable folder on
     the service's import path, in the cache volume, anywhere the scan for shared directories does not look)."""
-    for mount_id, point, flags, _ in _mounts():
+    for mount_id, point, flags, _, _ in _mounts():
         if point in writable or _under(point, "/proc"):
             continue
         # A mount whose point now leads elsewhere lies under a tmpfs of ours, out of the job's reach (a work

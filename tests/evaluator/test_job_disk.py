@@ -165,6 +165,18 @@ def test_a_worker_keeps_no_copy_of_other_disks_and_its_disk_has_few_inodes(tmp_p
     assert not left, left  # every disk detached when its worker went, and the probe's at start
 
 
+def test_unset_a_disk_per_job_is_on_where_the_work_directory_is_a_tmpfs(tmp_path: Path) -> None:
+    """Its files are memory there either way; elsewhere (a disk's filesystem, as tmp_path is here) it stays off."""
+    assert sandbox.filesystem_type(tmp_path) != "tmpfs"
+    sizes = []
+    with small_tmpfs(tmp_path / "work") as work:
+        for work_dir in (work, tmp_path):
+            env = job_disk_server_env(tmp_path, EVALUATOR_WORK_DIR=str(work_dir), EVALUATOR_MAX_FILE_MB="64")
+            with run_service("evaluator", env=env, log_path=tmp_path / "server.log") as url:
+                sizes.append(httpx.get(f"{url}/health").json()["details"]["job_disk_mb"])
+    assert sizes == [4 * 64, None]
+
+
 def test_a_workers_disk_is_gone_with_its_job(tmp_path: Path) -> None:
     root = tmp_path / "w0"
     root.mkdir()

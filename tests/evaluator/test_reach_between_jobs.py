@@ -361,9 +361,11 @@ def test_a_job_that_fills_the_disk_it_shares_with_the_timer_gets_a_verdict_of_it
     ).returncode:
         pytest.skip("cannot mount a tmpfs here")
     try:
+        # No disk per job (on by default where the work directory is a tmpfs): the job shares the timer's.
         env = server_env(
-            tmp_path_factory.mktemp("small-disk-cache"), EVALUATOR_DATA_PATH="drawn", EVALUATOR_WORK_DIR=str(work)
-        )
+            tmp_path_factory.mktemp("small-disk-cache"), EVALUATOR_DATA_PATH="drawn", EVALUATOR_WORK_DIR=str(work),
+            EVALUATOR_JOB_DISK_MB="0",
+        )  # fmt: skip
         log = tmp_path_factory.mktemp("small-disk-log") / "server.log"
         with run_service("evaluator", env=env, log_path=log) as url, httpx.Client(base_url=url, timeout=600) as client:
             assert_tampering(evaluate(client, FILLS_THE_DISK), "the disk the job shares with the judge is full")
