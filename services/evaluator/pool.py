@@ -111,19 +111,20 @@ class Worker:
     handover: socket.socket | None = None
     # Its directories as made (_dir_identities), which an idle worker's must still be when it is taken.
     made_dirs: list[tuple[int, int, int, bool] | None] = field(default_factory=list)
-    # Where its directory is a disk of its own (EVALUATOR_JOB_DISK_MB): the bytes the service put there (inputs,
-    # copies of the candidate's checks), which count against the job's memory nowhere (MemoryWatch). Raised before
-    # each write and lowered after each removal, so that it is never below what the service's files hold.
-    disk_service_bytes: int | None = None
+    # The device number of its directory where that is a disk of its own (EVALUATOR_JOB_DISK_MB), and the bytes the
+    # service put there (inputs, copies of the candidate's checks), which count against the job's memory nowhere
+    # (MemoryWatch): raised before each write and lowered after each removal, never below what those files hold.
+    disk_device: int | None = None
+    disk_service_bytes: int = 0
 
     def charge_service_write(self, size: int) -> None:
         """The service is about to put `size` bytes on the worker's own disk (where it has one)."""
-        if self.disk_service_bytes is not None:
+        if self.disk_device is not None:
             self.disk_service_bytes += sandbox.disk_bytes(size)
 
     def release_service_write(self, size: int) -> None:
         """The service removed (or did not write) `size` bytes it had charged."""
-        if self.disk_service_bytes is not None:
+        if self.disk_device is not None:
             self.disk_service_bytes = max(0, self.disk_service_bytes - sandbox.disk_bytes(size))
 
     async def send(self, message: dict[str, Any]) -> None:
@@ -375,13 +376,11 @@ def _files_in_memory(worker: Worker) -> int:
     of a worker without a cgroup. Without this, a job's files there were memory beyond its limit (a red-team job
     wrote 1.5 GB against a 1 GiB limit and scored `correct`). What the service put there is not the job's, and the
     job cannot remove it (the `inputs` directory it is in is the service's, read-only)."""
-    if worker.disk_service_bytes is None or worker.cgroup is not None:
+    if worker.disk_device is None or worker.cgroup is not None:
         return 0
-    try:
-        used = sandbox.disk_used_bytes(worker.root)
-    except OSError:  # disposed of meanwhile
-        return 0
-    return max(0, used - worker.disk_service_bytes)
+    # None once the disk is detached (the worker disposed of meanwhile): the filesystem below is not the job's.
+    used = sandbox.disk_used_bytes(worker.root, worker.disk_device)
+    return 0 if used is None else max(0, used - worker.disk_service_bytes)
 
 
 def _counted_by_cgroup(worker: Worker) -> bool:
@@ -674,7 +673,7 @@ class WorkerPool:
             cgroup=cgroup,
             stdio=stdio_reader,
             handover=handover,
-            disk_service_bytes=0 if self.job_disk_mb is not None else None,
+            disk_device=os.stat(root).st_dev if self.job_disk_mb is not None else None,
         )
         worker.made_dirs = _dir_identities(worker)
         loop = asyncio.get_running_loop()

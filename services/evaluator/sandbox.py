@@ -226,9 +226,19 @@ def mount_job_disk(root: Path, size_mb: int) -> None:
     _mount(_libc(), JOB_DISK_SOURCE, str(root), "tmpfs", MS_NOSUID | MS_NODEV, options)
 
 
-def disk_used_bytes(root: Path) -> int:
-    """Bytes in use on the filesystem at `root` (a job's disk: the pages its files hold)."""
-    info = os.statvfs(root)
+def disk_used_bytes(root: Path, device: int) -> int | None:
+    """Bytes in use on a job's disk mounted at `root` (the pages its files hold); None where `root` is no longer on
+    that disk (`device`, its st_dev) or gone."""
+    try:
+        descriptor = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if os.fstat(descriptor).st_dev != device:
+            return None
+        info = os.fstatvfs(descriptor)
+    finally:
+        os.close(descriptor)
     return (info.f_blocks - info.f_bfree) * info.f_frsize
 
 

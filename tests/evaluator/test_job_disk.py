@@ -290,8 +290,10 @@ def test_what_the_service_puts_on_a_job_disk_is_not_the_jobs(tmp_path: Path) -> 
     root.mkdir()
     sandbox.mount_job_disk(root, 64)
     try:
-        worker = pool.Worker(proc=None, device="cpu", root=root, home=root, uid=None, disk_service_bytes=0)  # type: ignore[arg-type]
-        empty = sandbox.disk_used_bytes(root)
+        device = os.stat(root).st_dev
+        worker = pool.Worker(proc=None, device="cpu", root=root, home=root, uid=None, disk_device=device)  # type: ignore[arg-type]
+        empty = sandbox.disk_used_bytes(root, device)
+        assert empty is not None
         inputs = b"i" * 3_000_001
         worker.charge_service_write(len(inputs))
         (root / "inputs.pt").write_bytes(inputs)
@@ -303,3 +305,5 @@ def test_what_the_service_puts_on_a_job_disk_is_not_the_jobs(tmp_path: Path) -> 
         assert 5 << 20 <= pool._files_in_memory(worker) <= (5 << 20) + empty
     finally:
         sandbox.detach_mounts(root)
+    # Detached (its worker disposed of while the watch read it): what is below is not the job's.
+    assert pool._files_in_memory(worker) == 0
