@@ -1,6 +1,6 @@
 """Copies into the reference timer's `inputs` of what a candidate saved: one that does not fit (the disk full, which a
 job can cause) fails as the candidate's, leaves no partial file and the directory read-only, and never makes the
-verdict `evaluator_error`. Runs in a mount namespace of its own, with the timer's `inputs` a tiny tmpfs."""
+verdict `evaluator_error`; the service's count of what its copies hold there follows them. Runs in a mount namespace of its own, with the timer's `inputs` a tiny tmpfs."""
 
 from __future__ import annotations
 
@@ -18,14 +18,16 @@ import errno, os, subprocess, sys
 from pathlib import Path
 from types import SimpleNamespace
 from services.evaluator.evaluation import EvaluatorFailure, _hand_over_check, _remove_check
+from services.evaluator.pool import Worker
 
 root = Path(sys.argv[1])
-timer = SimpleNamespace(root=root / "timer")
+timer = Worker(proc=None, device="cpu", root=root / "timer", home=root / "timer" / "home", uid=None)
 candidate = SimpleNamespace(root=root / "candidate", uid=os.geteuid())
 inputs = timer.root / "home" / "inputs"
 inputs.mkdir(parents=True)
 subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(inputs)], check=True)
 inputs.chmod(0o555)
+timer.disk_device = inputs.stat().st_dev  # what the service's copies hold there is counted (MemoryWatch)
 for check, size in ((1, 4096), (2, 1 << 20)):
     saved = candidate.root / "home" / "checks" / str(check)
     saved.mkdir(parents=True)
@@ -33,13 +35,13 @@ for check, size in ((1, 4096), (2, 1 << 20)):
 for check in (1, 2, 3):
     try:
         _hand_over_check(candidate, timer, check, 2 << 20)
-        print(check, "copied", sorted(os.listdir(inputs)))
+        print(check, "copied", sorted(os.listdir(inputs)), timer.disk_service_bytes)
     except EvaluatorFailure as error:
-        print(check, "judge", error, sorted(os.listdir(inputs)))
+        print(check, "judge", error, sorted(os.listdir(inputs)), timer.disk_service_bytes)
     except OSError as error:
-        print(check, "candidate", errno.errorcode[error.errno], sorted(os.listdir(inputs)))
+        print(check, "candidate", errno.errorcode[error.errno], sorted(os.listdir(inputs)), timer.disk_service_bytes)
 _remove_check(timer, 1)
-print("removed", sorted(os.listdir(inputs)), oct(inputs.stat().st_mode & 0o777))
+print("removed", sorted(os.listdir(inputs)), oct(inputs.stat().st_mode & 0o777), timer.disk_service_bytes)
 """
 
 
@@ -55,8 +57,9 @@ def test_a_copy_that_does_not_fit_fails_cleanly_as_the_candidates(tmp_path: Path
     )
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
-    assert lines[0] == "1 copied ['check_1.pt']"
+    # The last number: the bytes the service's files hold on the timer's disk, by its own count.
+    assert lines[0] == "1 copied ['check_1.pt'] 4096"
     # 1 MiB into a 64 KiB tmpfs: ENOSPC, the partial copy removed.
-    assert lines[1] == "2 candidate ENOSPC ['check_1.pt']", lines[1]
-    assert lines[2] == "3 candidate ENOENT ['check_1.pt']"
-    assert lines[3] == "removed [] 0o555"
+    assert lines[1] == "2 candidate ENOSPC ['check_1.pt'] 4096", lines[1]
+    assert lines[2] == "3 candidate ENOENT ['check_1.pt'] 4096"
+    assert lines[3] == "removed [] 0o555 0"
