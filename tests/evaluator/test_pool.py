@@ -22,6 +22,7 @@ class WatchedJob:
 
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc, self.uid, self.signaller, self.killed_for, self.cgroup = proc, None, None, None, None
+        self.disk_device = None  # no disk of its own: its files are not counted
 
     note_out_of_memory = Worker.note_out_of_memory  # no cgroup: never
 
