@@ -64,6 +64,8 @@ _EMPTY = {"EMPTY_TUPLE", "EMPTY_LIST", "EMPTY_DICT"}
 # rebuild functions and the empty OrderedDict of backward hooks (called), the storage classes (in storage ids),
 # and dtypes that have no storage class (an argument of _rebuild_tensor_v3).
 _ORDERED_DICT = "collections OrderedDict"
+# The kinds of node that are containers a pickle can fill after making them.
+_CONTAINERS = frozenset({"EMPTY_LIST", "EMPTY_DICT", "ordered dict"})
 _REBUILDS = frozenset({"torch._utils _rebuild_tensor_v2", "torch._utils _rebuild_tensor_v3"})
 _GLOBALS = (
     {name: name for name in (_ORDERED_DICT, *_REBUILDS)}
@@ -283,6 +285,14 @@ def check_pickle(data: bytes, max_nesting: int, max_objects: int, storage_keys: 
         if pid.parts[0].text != "storage" or pid.parts[2].text not in storage_keys:
             raise UnsafeArchiveError(f"a storage id naming no record of the archive ({pid.parts[2].text[:40]!r})")
 
+    def filled(container: _Node, opcode: str) -> _Node:
+        """A list (APPEND, APPENDS) or a dict (SETITEM, SETITEMS) being filled: never a tensor's backward hooks,
+        which torch.save writes empty (a red-team file filled them with 8,000 lists and the tensor itself)."""
+        wanted = "EMPTY_LIST" if opcode.startswith("APPEND") else "EMPTY_DICT"
+        if container.kind != wanted:
+            raise UnsafeArchiveError(f"{opcode} on {container.kind or 'a value'}, which torch.save does not write")
+        return container
+
     def called(function: _Node, arguments: _Node) -> str:
         if function.kind == _ORDERED_DICT and arguments.kind == "EMPTY_TUPLE":
             return "ordered dict"
@@ -325,14 +335,14 @@ def check_pickle(data: bytes, max_nesting: int, max_objects: int, storage_keys: 
                 items, stack = stack, marks.pop()
                 if name == "SETITEMS":
                     keys_are_text(items)
-                grown(stack[-1], items)
+                grown(filled(stack[-1], name), items)
             elif name == "APPEND":
                 item = stack.pop()
-                grown(stack[-1], [item])
+                grown(filled(stack[-1], name), [item])
             elif name == "SETITEM":
                 value, key = stack.pop(), stack.pop()
                 keys_are_text([key, value])
-                grown(stack[-1], [key, value])
+                grown(filled(stack[-1], name), [key, value])
             elif name == "REDUCE":
                 arguments = stack.pop()
                 stack[-1] = holding([stack[-1], arguments], called(stack[-1], arguments))
@@ -342,6 +352,11 @@ def check_pickle(data: bytes, max_nesting: int, max_objects: int, storage_keys: 
             elif name in ("BINPUT", "LONG_BINPUT"):
                 memo[argument] = stack[-1]
             elif name in ("BINGET", "LONG_BINGET"):
+                if memo[argument].kind in _CONTAINERS:
+                    # torch.save writes each list or dict once; one fetched again could be put inside itself, or a
+                    # tensor that holds it inside it: a cycle, which keeps whatever it holds alive after the check
+                    # (a mapped output file in the reference's timer, a candidate's tensors in the service).
+                    raise UnsafeArchiveError("a list or dict referred to twice")
                 stack.append(memo[argument])
             elif name == "PROTO":
                 if argument != 2:

@@ -188,8 +188,8 @@ def shared_tuple_key(levels: int) -> bytes:
 
 def test_objects_reached_through_shared_references_are_counted() -> None:
     refused(with_pickle(shared_tuple_key(30)), "reaches more than 65536 objects")
-    # A list of 300 Nones, then a list that holds it 300 times: 90,301 objects reached.
-    inner = b"]q\x01(" + b"N" * 300 + b"e"
+    # A tuple of 300 Nones, then a list that holds it 300 times: 90,301 objects reached.
+    inner = b"(" + b"N" * 300 + b"tq\x01"
     refused(with_pickle(b"\x80\x02]q\x00(" + inner + b"h\x01" * 299 + b"e."), "reaches more than 65536")
     check(with_pickle(b"\x80\x02]q\x00(" + inner + b"h\x01" * 99 + b"e."))
 
@@ -197,8 +197,9 @@ def test_objects_reached_through_shared_references_are_counted() -> None:
 def test_deep_lists_and_self_appending_lists_are_refused() -> None:
     deep = b"\x80\x02" + b"]" * 100 + b"a" * 99 + b"."
     refused(with_pickle(deep), "nested deeper")
+    # Appended to itself: a cycle (each list or dict is written once; none is fetched again).
     self_appending = b"\x80\x02]q\x00" + b"h\x00a" * 40 + b"."
-    refused(with_pickle(self_appending), "nested deeper|reaches more")
+    refused(with_pickle(self_appending), "referred to twice")
 
 
 def global_call(module_name: bytes, argument: bytes) -> bytes:
@@ -228,6 +229,30 @@ def test_storage_ids_must_name_a_record_as_spelled() -> None:
     refused(with_storage(b"\x80\x02" + storage_id(_text("AB")) + b"."), "naming no record")
     # A key that is a tuple was formatted into a record name (256 MiB of it from a 1 MB file).
     refused(with_storage(b"\x80\x02" + storage_id(_text("ab") + b"\x85") + b"."), 'not \\("storage"')
+
+
+def tensor(hooks: bytes) -> bytes:
+    """A 4-byte tensor of the storage "ab" (with_storage), put in memo 2, whose backward hooks are `hooks`."""
+    arguments = storage_id(_text("ab")) + b"K\x00K\x04\x85K\x01\x85\x89" + hooks
+    return b"ctorch._utils\n_rebuild_tensor_v2\n(" + arguments + b"tRq\x02"
+
+
+# Empty backward hooks, put in memo 1, as torch.save writes them.
+EMPTY_HOOKS = b"ccollections\nOrderedDict\n)Rq\x01"
+
+
+@pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")
+def test_a_tensor_cannot_hold_anything_in_its_backward_hooks() -> None:
+    """A red-team output held itself in its tensor's hooks: the cycle kept the mapped file alive in the reference's
+    timer after each check (which the memory watch then counted against the timer: `evaluator_error` for a wrong
+    candidate) and its tensors in the service after the evaluation."""
+    plain = with_storage(b"\x80\x02]q\x00(" + tensor(EMPTY_HOOKS) + b"e.")
+    check(plain)
+    assert torch.load(io.BytesIO(plain), weights_only=True)[0].numel() == 4
+    cycle = b"\x80\x02]q\x00(" + tensor(EMPTY_HOOKS) + b"h\x01" + _text("x") + b"h\x02se."
+    refused(with_storage(cycle), "referred to twice")
+    filled = b"\x80\x02]q\x00(" + tensor(EMPTY_HOOKS[:-2] + _text("k") + b"]s") + b"e."
+    refused(with_storage(filled), "SETITEM on ordered dict")
 
 
 @pytest.mark.parametrize(
