@@ -1,5 +1,5 @@
 """A seccomp filter every worker installs last in sandbox.enter(): sockets of the unix and inet families only; no
-io_uring, perf events, BPF, userfaultfd or kernel keys; no new user namespace.
+io_uring, perf events, BPF, userfaultfd or kernel keys; no new user namespace; no extended attributes set.
 
 Why, call by call (each found by a red-team candidate, or a way to what one found):
 - netlink sockets: their receive queues hold kernel memory that no memory cgroup is charged for and that no
@@ -12,6 +12,10 @@ Why, call by call (each found by a red-team candidate, or a way to what one foun
   kernel reach, with no use in a kernel benchmark.
 - add_key, request_key, keyctl: key serials are global and keys outlive the job, its uid and the service: later
   jobs read and overwrote earlier jobs' keys, a channel between evaluations.
+- setxattr, lsetxattr, fsetxattr, setxattrat: extended attributes on a tmpfs are kernel memory that takes no disk
+  block and no resident page. Without job cgroups, a candidate held 1.5 GB of them on its private /dev/shm against
+  a 1 GiB limit and scored `correct` (the memory watch counts a job disk's blocks). They fail with ENOTSUP, as on
+  a filesystem without them (what `shutil.copy2` and `cp -a` ignore).
 - user namespaces (clone or unshare with CLONE_NEWUSER; clone3, whose flags sit in memory a filter cannot read,
   fails with ENOSYS and the C library falls back to clone, as under Docker's default profile): inside one a job
   holds every capability over its own namespaces, the kernel surface most privilege escalations have gone through.
@@ -52,11 +56,15 @@ class Machine:
     # Calls that fail with ENOSYS: io_uring_setup, _enter, _register, clone3 (the same numbers on both machines),
     # perf_event_open, bpf, userfaultfd, add_key, request_key, keyctl.
     refused: tuple[int, ...]
+    # Calls that fail with ENOTSUP: setxattr, lsetxattr, fsetxattr, setxattrat (463 on both).
+    xattr_setters: tuple[int, ...]
 
 
 MACHINES = {
-    "x86_64": Machine(0xC000003E, 41, 56, 272, (425, 426, 427, 435, 298, 321, 323, 248, 249, 250)),
-    "aarch64": Machine(0xC00000B7, 198, 220, 97, (425, 426, 427, 435, 241, 280, 282, 217, 218, 219)),
+    "x86_64": Machine(
+        0xC000003E, 41, 56, 272, (425, 426, 427, 435, 298, 321, 323, 248, 249, 250), (188, 189, 190, 463)
+    ),
+    "aarch64": Machine(0xC00000B7, 198, 220, 97, (425, 426, 427, 435, 241, 280, 282, 217, 218, 219), (5, 6, 7, 463)),
 }
 ALLOWED_SOCKET_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6)
 
@@ -84,6 +92,10 @@ def program(machine: str) -> list[tuple[int, int, int, int]]:
     last = len(calls.refused) - 1
     instructions += [(JUMP_IF_EQUAL, last - i, int(i == last), nr) for i, nr in enumerate(calls.refused)]
     instructions.append(no_such_call)
+    # Extended attributes set: ENOTSUP, the same way.
+    last = len(calls.xattr_setters) - 1
+    instructions += [(JUMP_IF_EQUAL, last - i, int(i == last), nr) for i, nr in enumerate(calls.xattr_setters)]
+    instructions.append((RETURN, 0, 0, SECCOMP_RET_ERRNO | errno.ENOTSUP))
     # clone or unshare with CLONE_NEWUSER in their flags (the first argument of both): EPERM.
     instructions += [
         (JUMP_IF_EQUAL, 1, 0, calls.clone),

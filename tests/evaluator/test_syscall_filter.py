@@ -1,6 +1,6 @@
 """The workers' seccomp filter, installed in a real process: unix and inet sockets, threads and child processes
-work; netlink and packet sockets, io_uring, perf events, kernel keys and new user namespaces do not, and children
-inherit it."""
+work; netlink and packet sockets, io_uring, perf events, kernel keys, new user namespaces and extended attributes
+do not, and children inherit it."""
 
 from __future__ import annotations
 
@@ -35,6 +35,17 @@ results["socketpair"] = "ok" if socket.socketpair() else "failed"
 for name, nr in zip(("perf_event_open", "bpf", "userfaultfd", "add_key", "request_key", "keyctl"), calls.refused[4:]):
     results[name] = "ok" if libc.syscall(nr, 0, 0, 0, 0, 0) >= 0 else errno.errorcode[ctypes.get_errno()]
 results["unshare_user"] = "ok" if libc.unshare(0x10000000) == 0 else errno.errorcode[ctypes.get_errno()]
+with open(sys.argv[1], "w") as handle:
+    for name, call in (("setxattr", lambda: os.setxattr(sys.argv[1], "user.held", b"x" * 1024)),
+                       ("fsetxattr", lambda: os.setxattr(handle.fileno(), "user.held", b"x")),
+                       ("lsetxattr", lambda: os.setxattr(sys.argv[1], "user.held", b"x", follow_symlinks=False))):
+        try:
+            call()
+            results[name] = "ok"
+        except OSError as error:
+            results[name] = errno.errorcode[error.errno]
+    setxattrat = libc.syscall(463, -100, sys.argv[1].encode(), 0, b"user.held", None, 0)
+    results["setxattrat"] = "ok" if setxattrat == 0 else errno.errorcode[ctypes.get_errno()]
 results["unshare_ipc"] = "ok" if libc.unshare(0x08000000) == 0 else errno.errorcode[ctypes.get_errno()]
 ran = []
 thread = threading.Thread(target=ran.append, args=(1,))
@@ -47,10 +58,11 @@ print(json.dumps(results))
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="seccomp is Linux's")
-def test_the_filter_allows_unix_and_inet_sockets_only() -> None:
+def test_the_filter_allows_unix_and_inet_sockets_only(tmp_path: Path) -> None:
     probe = subprocess.run(
-        [sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60, check=True
-    )
+        [sys.executable, "-c", PROBE, str(tmp_path / "file")], capture_output=True, text=True, cwd=REPO_ROOT,
+        timeout=60, check=True,
+    )  # fmt: skip
     results = json.loads(probe.stdout)
     assert results["AF_UNIX"] == results["AF_INET"] == results["AF_INET6"] == results["socketpair"] == "ok"
     assert results["AF_NETLINK"] == results["AF_PACKET"] == "EAFNOSUPPORT", results
@@ -61,3 +73,5 @@ def test_the_filter_allows_unix_and_inet_sockets_only() -> None:
     # Other namespaces are the kernel's to allow (here: not without CAP_SYS_ADMIN, which an unprivileged run lacks).
     assert results["unshare_ipc"] != "EPERM" or os.geteuid() != 0, results
     assert results["child_netlink"] == "97", results  # EAFNOSUPPORT in a child too
+    # Extended attributes are kernel memory no job disk's count sees.
+    assert {results[name] for name in ("setxattr", "fsetxattr", "lsetxattr", "setxattrat")} == {"ENOTSUP"}, results
