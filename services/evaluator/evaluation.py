@@ -1806,10 +1806,9 @@ def _pass_handover(candidate: Worker, timer: Worker, check: int, nonce: str, des
 
 def _remove_check(timer: Worker, check: int) -> None:
     """Remove a check's copy (_hand_over_check) once the timer has compared it: a long timing run makes many."""
+    # Its charge (MemoryWatch) stays: the timer maps the copy, whose pages outlive the name while a mapping does.
     with _writable_inputs(timer) as directory, contextlib.suppress(FileNotFoundError):
-        size = os.stat(f"check_{check}.pt", dir_fd=directory, follow_symlinks=False).st_size
         os.unlink(f"check_{check}.pt", dir_fd=directory)
-        timer.release_service_write(size)
 
 
 def _job_cpu_clocks(worker: Worker) -> dict[int, float]:

@@ -113,7 +113,8 @@ class Worker:
     made_dirs: list[tuple[int, int, int, bool] | None] = field(default_factory=list)
     # The device number of its directory where that is a disk of its own (EVALUATOR_JOB_DISK_MB), and the bytes the
     # service put there (inputs, copies of the candidate's checks), which count against the job's memory nowhere
-    # (MemoryWatch): raised before each write and lowered after each removal, never below what those files hold.
+    # (MemoryWatch): raised before each write, lowered only for a write that left nothing, so never below what
+    # those files hold.
     disk_device: int | None = None
     disk_service_bytes: int = 0
 
@@ -123,7 +124,7 @@ class Worker:
             self.disk_service_bytes += sandbox.disk_bytes(size)
 
     def release_service_write(self, size: int) -> None:
-        """The service removed (or did not write) `size` bytes it had charged."""
+        """The service did not write `size` bytes it had charged."""
         if self.disk_device is not None:
             self.disk_service_bytes = max(0, self.disk_service_bytes - sandbox.disk_bytes(size))
 
