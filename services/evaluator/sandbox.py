@@ -69,8 +69,9 @@ MOUNT_OPTION_FLAGS = {
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
-# Shared scratch places replaced by an empty, small tmpfs in strict isolation.
+# Shared scratch places replaced by an empty, small tmpfs (of this many MiB) in strict isolation.
 PRIVATE_TMPFS = ("/tmp", "/var/tmp", "/dev/shm")
+PRIVATE_TMPFS_MB = 64
 # Other places every user may write to, made private as well (a smaller tmpfs; a fresh mqueue fs on /dev/mqueue).
 SHARED_WRITABLE = ("/run/lock", "/var/lock", "/dev/mqueue")
 # Directories whose sticky, world-writable subdirectories (mode 1777, e.g. /var/crash) are made private too.
@@ -301,7 +302,10 @@ def _private_mount(libc: ctypes.CDLL, directory: str) -> None:
             _mount(libc, "mqueue", directory, "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC)
             return
     if directory in {os.path.realpath(d) for d in PRIVATE_TMPFS}:
-        _mount(libc, "tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m")
+        # Inodes bounded as a job disk's: without one, a job's empty files there (kernel memory no disk block or
+        # resident page shows) were bounded only by the host's memory where the job has no cgroup.
+        options = f"mode=1777,size={PRIVATE_TMPFS_MB}m,nr_inodes={PRIVATE_TMPFS_MB * JOB_DISK_INODES_PER_MB}"
+        _mount(libc, "tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, options)
     else:
         _mount(libc, "tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=1777,size=4m,nr_inodes=1024")
 

@@ -22,8 +22,10 @@ import psutil
 import pytest
 
 from services.evaluator.sandbox import (
+    JOB_DISK_INODES_PER_MB,
     MQUEUE_DIR,
     PRIVATE_DIRS,
+    PRIVATE_TMPFS_MB,
     SHM_BYTES,
     kill_all,
     resident_bytes,
@@ -134,6 +136,26 @@ raise RuntimeError(f"READ {{outcomes!r}}")
     finally:
         for path in paths:
             Path(path).unlink(missing_ok=True)
+
+
+SCRATCH_SIZES = sources.candidate(
+    """
+sizes = {}
+for place in ("/tmp", "/var/tmp", "/dev/shm"):
+    info = os.statvfs(place)
+    sizes[place] = (info.f_blocks * info.f_frsize >> 20, info.f_files)
+raise RuntimeError(f"SIZES {sizes!r}")
+""",
+    prelude="import os",
+)
+
+
+def test_private_scratch_places_are_bounded_in_bytes_and_inodes(client: httpx.Client, strict_only: None) -> None:
+    """Empty files are kernel memory no disk block shows: without a cgroup, 2.5 million of them on a job disk froze
+    the service, and those private mounts had no inode bound at all."""
+    sizes = reported(evaluate(client, SCRATCH_SIZES), "SIZES")
+    bound = (PRIVATE_TMPFS_MB, PRIVATE_TMPFS_MB * JOB_DISK_INODES_PER_MB)
+    assert sizes == dict.fromkeys(("/tmp", "/var/tmp", "/dev/shm"), bound), sizes
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the service is not dumpable: only root reads its memory map")
