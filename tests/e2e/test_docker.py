@@ -431,16 +431,14 @@ raise RuntimeError(f"STOLEN {sorted(found)!r} {service}")
 """,
     prelude="import glob, socket, time",
 )
-# Right, holding 3 GiB resident and 3.5 GiB of files on its disk: more than compose's 6144 MB limit together, within
-# the container's 8 GB.
+# Right, after writing 1.5 GB to its disk and keeping it: more than a memory limit of 1 GiB, in files.
 FILES_PAST_THE_LIMIT = candidate(
     "return x.clamp_min(0) * self.scale",
     prelude="""
 import os
-HELD = b"y" * (3 << 30)
 descriptor = os.open("held.bin", os.O_WRONLY | os.O_CREAT, 0o600)
 block = b"x" * (1 << 20)
-for _ in range(3584):
+for _ in range(1536):
     os.write(descriptor, block)
 """,
 )
@@ -600,11 +598,18 @@ def test_finished_jobs_leave_no_zombies(stack: Stack, evaluator: str) -> None:
 def test_a_jobs_files_count_against_its_memory_limit(stack: Stack, evaluator: str) -> None:
     """Compose gives each job a disk of its own (its work directory, /tmp, is a tmpfs), which is memory, and no
     cgroup (the container's /sys/fs/cgroup is read-only): the memory watch counts the job's files there with its
-    resident memory."""
-    details = health_in_evaluator(stack)["details"]
-    assert details["job_disk_mb"] == 4 * 2048 and details["job_cgroups"] is None, details
-    with timed("hostile: files past the memory limit"):
-        result = evaluate_in_evaluator(stack, files=FILES_PAST_THE_LIMIT)["files"]
+    resident memory. The evaluator runs with a per-job limit of 1 GiB, passed through compose, for this test."""
+    small = stack.env(EVALUATOR_MEMORY_LIMIT_MB="1024")
+    stack.compose("up", "--no-build", "-d", "evaluator", env=small)
+    try:
+        wait_healthy(stack, stack.container("evaluator", env=small))
+        details = health_in_evaluator(stack)["details"]
+        assert details["job_disk_mb"] == 4 * 2048 and details["job_cgroups"] is None, details
+        with timed("hostile: files past the memory limit"):
+            result = evaluate_in_evaluator(stack, files=FILES_PAST_THE_LIMIT)["files"]
+    finally:
+        stack.compose("up", "--no-build", "-d", "evaluator")
+        wait_healthy(stack, stack.container("evaluator"))
     assert result["status"] == "crashed" and "files on its disk" in result["message"], result
 
 
