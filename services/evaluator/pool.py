@@ -38,6 +38,10 @@ STARTUP_TIMEOUT_S = 120.0
 WORK_DIR_PREFIX = "kernel-agent-evaluator-"
 WORK_DIR_MODE = 0o711
 MAX_EVENT_BYTES = 16 << 20
+# Event lines longer than this are parsed in a thread (the replies the judge times are far shorter).
+INLINE_EVENT_BYTES = 64 << 10
+# What _parse_event gives for a line that is not an event a worker may send (the judge sees a flood).
+FLOODED = object()
 STDIO_TAIL_BYTES = 16_384
 # Nice value of workers while they start and wait idle: below every evaluation that is being timed.
 IDLE_NICE = 10
@@ -239,6 +243,17 @@ def _nested_deeper(value: Any, limit: int) -> bool:
     return False
 
 
+def _parse_event(line: bytes) -> Any:
+    """One event line as JSON; FLOODED where it is not JSON or nests deeper than MAX_EVENT_DEPTH."""
+    try:
+        event = json.loads(line, parse_int=_bounded_int)
+    except (ValueError, RecursionError):  # a line nested 200,000 deep must not end the reader
+        return FLOODED
+    # Parsed here, near the bottom of the stack, a value nested ~1000 deep still raises RecursionError wherever the
+    # judge later prints or walks it (an error message): a flood, never evaluator_error.
+    return FLOODED if _nested_deeper(event, MAX_EVENT_DEPTH) else event
+
+
 async def _read_events(worker: Worker, reader: asyncio.StreamReader) -> None:
     total = 0
     try:
@@ -250,14 +265,12 @@ async def _read_events(worker: Worker, reader: asyncio.StreamReader) -> None:
             if total > MAX_EVENT_BYTES:
                 worker.events.append({"event": "flood", "received_at": time.monotonic()})
                 break
-            try:
-                event = json.loads(line, parse_int=_bounded_int)
-            except (ValueError, RecursionError):  # a line nested 200,000 deep must not end the reader
-                worker.events.append({"event": "flood", "received_at": time.monotonic()})
-                continue
-            if _nested_deeper(event, MAX_EVENT_DEPTH):
-                # Parsed here, near the bottom of the stack, a value nested ~1000 deep still raises RecursionError
-                # wherever the judge later prints or walks it (an error message): a flood, never evaluator_error.
+            # A long line is parsed off the event loop: a red-team job's one line of 16 MiB (millions of empty
+            # lists) took 6 s to parse and walk, and the service answered nothing meanwhile (/health: 13.5 s).
+            event = (
+                await asyncio.to_thread(_parse_event, line) if len(line) > INLINE_EVENT_BYTES else _parse_event(line)
+            )
+            if event is FLOODED:
                 worker.events.append({"event": "flood", "received_at": time.monotonic()})
                 continue
             # Only events named by a string reach the judge: any other name (a list, a dict) would make its

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from services.evaluator import pool as pool_module
 from services.evaluator import sandbox
 from services.evaluator.config import Settings
 from services.evaluator.pool import MemoryWatch, QueueFullError, Worker, WorkerPool
@@ -111,3 +113,30 @@ def test_the_memory_watch_goes_on_after_a_failed_period(monkeypatch: pytest.Monk
 
     hog, returncode = asyncio.run(run())
     assert len(calls) > 1 and hog.killed_for is not None and returncode < 0
+
+
+def test_a_long_event_line_is_parsed_off_the_event_loop() -> None:
+    """A red-team job wrote one line of 16 MiB (millions of empty lists) to its event pipe: parsed and walked on the
+    event loop, it held the service for 6 s (/health answered in 13.5 s). In a thread, the loop runs meanwhile but
+    for json.loads's own share. Measured against the same parse done inline, so a loaded machine slows both."""
+    line = b"[" + b"[]," * (2 << 20) + b"[]]\n"
+    started = time.perf_counter()
+    assert pool_module._parse_event(line) is not pool_module.FLOODED
+    inline_s = time.perf_counter() - started
+
+    async def run() -> float:
+        reader = asyncio.StreamReader(limit=pool_module.MAX_EVENT_BYTES)
+        reader.feed_data(line + b'{"event": "ready"}\n')
+        reader.feed_eof()
+        worker = Worker(proc=None, device="cpu", root=Path("."), home=Path("."), uid=None)  # type: ignore[arg-type]
+        longest, last = 0.0, time.perf_counter()
+        reading = asyncio.create_task(pool_module._read_events(worker, reader))
+        while not reading.done():
+            await asyncio.sleep(0.005)
+            now = time.perf_counter()
+            longest, last = max(longest, now - last), now
+        assert [event["event"] for event in worker.events] == ["ready"], worker.events
+        return longest
+
+    longest = asyncio.run(run())
+    assert longest < 0.7 * inline_s, (longest, inline_s)
