@@ -72,6 +72,8 @@ PR_SET_NO_NEW_PRIVS = 38
 # Shared scratch places replaced by an empty, small tmpfs (of this many MiB) in strict isolation.
 PRIVATE_TMPFS = ("/tmp", "/var/tmp", "/dev/shm")
 PRIVATE_TMPFS_MB = 64
+# A worker's /proc/self/oom_score_adj: the most, so the kernel's OOM killer takes a job before anything else.
+OOM_SCORE_ADJ = 1000
 # Other places every user may write to, made private as well (a smaller tmpfs; a fresh mqueue fs on /dev/mqueue).
 SHARED_WRITABLE = ("/run/lock", "/var/lock", "/dev/mqueue")
 # Directories whose sticky, world-writable subdirectories (mode 1777, e.g. /var/crash) are made private too.
@@ -500,6 +502,12 @@ def enter(spec: SandboxSpec) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (MAX_OPEN_FILES, MAX_OPEN_FILES))
     if spec.memory_bytes is not None:
         resource.setrlimit(resource.RLIMIT_AS, (spec.memory_bytes, spec.memory_bytes))
+    # The first to be killed when the host, or compose's container, runs out of memory, before the service (in
+    # compose, whose container has no job cgroups, each job's limit times the jobs exceeds the container's). Set
+    # with CAP_SYS_RESOURCE, it is also the lowest the job may set it back to; without (compose), the job may lower
+    # it to the service's own.
+    with open("/proc/self/oom_score_adj", "w") as handle:
+        handle.write(f"{OOM_SCORE_ADJ}\n")
     libc = _libc()
     if spec.strict:
         assert spec.uid is not None

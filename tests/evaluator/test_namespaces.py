@@ -24,6 +24,7 @@ import pytest
 from services.evaluator.sandbox import (
     JOB_DISK_INODES_PER_MB,
     MQUEUE_DIR,
+    OOM_SCORE_ADJ,
     PRIVATE_DIRS,
     PRIVATE_TMPFS_MB,
     SHM_BYTES,
@@ -156,6 +157,32 @@ def test_private_scratch_places_are_bounded_in_bytes_and_inodes(client: httpx.Cl
     sizes = reported(evaluate(client, SCRATCH_SIZES), "SIZES")
     bound = (PRIVATE_TMPFS_MB, PRIVATE_TMPFS_MB * JOB_DISK_INODES_PER_MB)
     assert sizes == dict.fromkeys(("/tmp", "/var/tmp", "/dev/shm"), bound), sizes
+
+
+OOM_SCORE = sources.candidate(
+    """
+with open("/proc/self/oom_score_adj") as handle:
+    adjustment = handle.read().strip()
+try:
+    with open("/proc/self/oom_score_adj", "w") as handle:
+        handle.write("0\\n")
+    lowered = "lowered"
+except OSError as error:
+    lowered = type(error).__name__
+raise RuntimeError(f"OOM {(adjustment, lowered)!r}")
+""",
+)
+
+
+def test_a_job_is_the_first_the_oom_killer_takes(client: httpx.Client, strict_only: None) -> None:
+    """Compose's container has no job cgroups, and its jobs' limits together exceed its own: when it runs out of
+    memory, the kernel should kill a job, not the service. Where the service holds CAP_SYS_RESOURCE, the job cannot
+    lower its score again; without it (compose, and this machine's bounding set), down to the service's own."""
+    adjustment, lowered = reported(evaluate(client, OOM_SCORE), "OOM")
+    assert adjustment == str(OOM_SCORE_ADJ)
+    effective = int(Path("/proc/self/status").read_text().split("CapEff:")[1].split()[0], 16)
+    if effective & (1 << 24):  # CAP_SYS_RESOURCE
+        assert lowered == "PermissionError"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the service is not dumpable: only root reads its memory map")
