@@ -24,7 +24,7 @@ import pytest
 from services.trainer.config import ConfigError
 from services.trainer.policy import SMOLLM2_GGUF, smollm2_gguf_dir
 from tests.e2e.docker_engine import Engine, build_command, compose_command, docker_engine, missing_tools
-from tests.evaluator.sources import CORRECT, REFERENCE, candidate
+from tests.evaluator.sources import CORRECT, FILES_PAST_THE_LIMIT, REFERENCE, candidate
 
 # The first run builds the base and service images (tens of minutes on 2 cores); later runs reuse them.
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(7200)]
@@ -430,17 +430,6 @@ except OSError as exc:
 raise RuntimeError(f"STOLEN {sorted(found)!r} {service}")
 """,
     prelude="import glob, socket, time",
-)
-# Right, after writing 1.5 GB to its disk and keeping it: more than a memory limit of 1 GiB, in files.
-FILES_PAST_THE_LIMIT = candidate(
-    "return x.clamp_min(0) * self.scale",
-    prelude="""
-import os
-descriptor = os.open("held.bin", os.O_WRONLY | os.O_CREAT, 0o600)
-block = b"x" * (1 << 20)
-for _ in range(1536):
-    os.write(descriptor, block)
-""",
 )
 KILL_SERVICE = candidate(
     """

@@ -544,3 +544,16 @@ _serving.serve_timing = _serve_in_a_thread
 """
     + SKETCH_FORGED_WITHIN_TOLERANCE
 )
+
+
+# Right, after writing 1.5 GB to its disk and keeping it: more than a memory limit of 1 GiB, in files.
+FILES_PAST_THE_LIMIT = candidate(
+    "return x.clamp_min(0) * self.scale",
+    prelude="""
+import os
+descriptor = os.open("held.bin", os.O_WRONLY | os.O_CREAT, 0o600)
+block = b"x" * (1 << 20)
+for _ in range(1536):
+    os.write(descriptor, block)
+""",
+)

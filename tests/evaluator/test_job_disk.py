@@ -252,19 +252,6 @@ def test_a_small_disk_fails_no_honest_check_and_gives_no_wrong_candidate_a_pass(
     assert honest["status"] == "correct", honest["message"]
 
 
-# Right, after writing 1.5 GB to its disk and keeping it: more than its memory limit of 1 GiB, in files.
-FILES_PAST_THE_LIMIT = sources.candidate(
-    "return x.clamp_min(0) * self.scale",
-    prelude="""
-import os
-descriptor = os.open("held.bin", os.O_WRONLY | os.O_CREAT, 0o600)
-block = b"x" * (1 << 20)
-for _ in range(1536):
-    os.write(descriptor, block)
-""",
-)
-
-
 def test_files_on_a_job_disk_count_against_its_memory_where_no_cgroup_does(tmp_path: Path) -> None:
     """A job disk is memory (a tmpfs). Where jobs have no cgroup (EVALUATOR_JOB_CGROUPS=false, or compose, whose
     /sys/fs/cgroup is read-only), the memory watch counts the job's files there with its resident memory: the
@@ -278,8 +265,9 @@ def test_files_on_a_job_disk_count_against_its_memory_where_no_cgroup_does(tmp_p
         httpx.Client(base_url=url, timeout=600) as http,
     ):
         assert http.get("/health").json()["details"]["job_cgroups"] is None
-        held = evaluate(http, FILES_PAST_THE_LIMIT, timeout_s=180)
-        honest = evaluate(http, sources.CORRECT, timeout_s=180)
+        held = evaluate(http, sources.FILES_PAST_THE_LIMIT, timeout_s=180)
+        # Untimed: what it shows is that the inputs handed over and the outputs saved are counted right.
+        honest = evaluate(http, sources.CORRECT, timeout_s=180, timing_trials=0)
     assert held["status"] == "crashed", held
     assert "files on its disk" in held["message"], held["message"]
     assert honest["status"] == "correct", honest["message"]
