@@ -179,7 +179,7 @@ def test_output_size_limit_follows_the_reference(tmp_path: Path) -> None:
 
 def test_millions_of_leaves_from_a_small_file_are_refused_quickly(tmp_path: Path) -> None:
     leaf = torch.ones(1)
-    many = [[[leaf] * 128] * 256] * 256  # 2**23 leaves; pickle stores each list and the tensor once
+    many = (((leaf,) * 128,) * 256,) * 256  # 2**23 leaves; pickle stores each tuple and the tensor once
     write_trial(tmp_path / "out", 0, many, [])
     assert (tmp_path / "out" / "0.pt").stat().st_size < 64 << 10
     started = time.monotonic()
