@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import JSONResponse
 
-from services.evaluator import held_memory, routes
+from services.evaluator import held_memory, landlock, routes
 from services.evaluator.backends import resolve_device
 from services.evaluator.config import Settings, service_version
 from services.evaluator.deps import require_token
@@ -112,9 +112,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "strict isolation needs CAP_SYS_PTRACE for it" if strict else "the kernel's Yama setting forbids it",
             )
         if not strict:
+            reach = (
+                "read and break the other evaluations' files (Landlock keeps it from their processes)"
+                if landlock.abi() >= landlock.SCOPES_ABI
+                else "signal, stop or break the other evaluations' workers (no Landlock scopes here: Linux 6.12 has them)"
+            )
             log.warning(
-                "process isolation: every job runs under this service's uid and can signal, stop or break the other "
-                "evaluations' workers; do not train a policy against this service (docs/evaluator.md, Isolation)"
+                "process isolation: every job runs under this service's uid and can %s; do not train a policy "
+                "against this service (docs/evaluator.md, Isolation)",
+                reach,
             )
         pool = WorkerPool(settings, strict=strict, memory_readable=not unreadable)
         app.state.evaluator = Evaluator(settings, pool, metrics)
@@ -122,8 +128,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         metrics.queue_depth.set_function(lambda: pool.waiting)
         metrics.running.set_function(lambda: pool.running)
         log.info(
-            "evaluator: isolation=%s workers=%d cache=%s",
+            "evaluator: isolation=%s landlock_abi=%d workers=%d cache=%s",
             "strict" if strict else "process",
+            landlock.abi(),
             settings.workers,
             settings.cache_dir,
         )

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, HTTPException, Response, status
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from services.evaluator import landlock
 from services.evaluator.backends import BACKENDS, get_backend
 from services.evaluator.config import service_version
 from services.evaluator.deps import EvaluatorDep, JobStoreDep, MetricsDep, SettingsDep, WorkerPoolDep
@@ -115,6 +116,8 @@ async def get_health(settings: SettingsDep, pool: WorkerPoolDep) -> HealthRespon
             "job_cgroups": None if pool.cgroups is None else ("v2" if pool.cgroups.v2 else "v1"),
             # MiB of each strict worker's own disk (EVALUATOR_JOB_DISK_MB), null where job files share one.
             "job_disk_mb": pool.job_disk_mb,
+            # The Landlock ABI each worker's domain has (landlock.py): 6 and up scope signals too; 0, none.
+            "landlock_abi": landlock.abi(),
             "devices": [name for name in BACKENDS if get_backend(name).available()],
             "workers": settings.workers,
             "running": pool.running,

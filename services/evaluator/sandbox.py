@@ -1,7 +1,7 @@
 """What a worker process gets: private directory, stripped environment, rlimits, a cgroup where the host gives one
-(job_cgroup), sockets of the unix and inet families only (syscall_filter), and in `strict` isolation namespaces of
-its own (pid, IPC, mount, network), private world-writable directories, every other mount read-only and an
-unprivileged uid.
+(job_cgroup), a Landlock domain of its own (landlock), sockets of the unix and inet families only (syscall_filter),
+and in `strict` isolation namespaces of its own (pid, IPC, mount, network), private world-writable directories,
+every other mount read-only and an unprivileged uid.
 
 `enter()` runs inside the child before any untrusted code; the rest runs in the service.
 
@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from services.evaluator import syscall_filter
+from services.evaluator import landlock, syscall_filter
 
 if TYPE_CHECKING:
     import psutil
@@ -524,6 +524,8 @@ def enter(spec: SandboxSpec) -> None:
         os.setuid(spec.uid)
     os.umask(0o077)
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+    # Before the seccomp filter, whose rules need not know Landlock's calls.
+    landlock.restrict_self()
     syscall_filter.install()
     # Set after the uid change, which clears it: the worker dies with the service.
     _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")

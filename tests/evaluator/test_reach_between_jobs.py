@@ -1,11 +1,14 @@
 """What a job can reach of the evaluator's other workers, in both isolation levels, against the real servers. In
 `process` isolation every job runs under the service's uid, so the reference's workers are protected by what the
-kernel gives a process against its own uid: they are not dumpable (no /proc/<pid>/fd, mem or ptrace), they read
-nothing from a file a job could change, and whatever a job does to the timer is that job's verdict."""
+kernel gives a process against its own uid: each worker's Landlock domain, where the kernel has one (no job reaches a
+process outside its domain), they are not dumpable (no /proc/<pid>/fd, mem or ptrace), they read nothing from a
+file a job could change, and whatever a job does to the timer is that job's verdict."""
 
 from __future__ import annotations
 
 import os
+import pwd
+import struct
 import subprocess
 import tempfile
 from pathlib import Path
@@ -13,9 +16,15 @@ from pathlib import Path
 import httpx
 import pytest
 
+from services.evaluator import landlock
 from tests.evaluator import sources
-from tests.evaluator.conftest import FAKE_API_KEY, evaluate, process_server, server_env
+from tests.evaluator.conftest import FAKE_API_KEY, PROCESS_USER, evaluate, process_server, server_env
 from tests.servers import run_service
+
+
+def _landlock_abi(client: httpx.Client) -> int:
+    return client.get("/health").json()["details"]["landlock_abi"]
+
 
 # Every other process of the job's uid that has run for a second (a worker just started is reachable until it
 # enters its sandbox: docs/evaluator.md, "Not covered"): its command pipe, opened through /proc.
@@ -152,13 +161,114 @@ def test_a_job_cannot_open_the_pipes_or_memory_of_other_workers(any_client: http
     assert result["status"] == "correct", result["message"]
 
 
+# Watches /proc for a worker the pool is starting (dumpable until it enters its sandbox) and opens its memory for
+# reading and writing: a descriptor opened then kept working after the worker turned non-dumpable, and the worker
+# could later become a reference run or the timer. Answers right unless it opened one; raises if it saw no worker
+# start within 20 s (nothing tried).
+HOLDS_A_STARTING_WORKER_S_MEMORY = sources.candidate(
+    "return x.clamp_min(0) * self.scale",
+    prelude="""
+import os, time
+
+def _starting_workers_opened():
+    ticks = os.sysconf("SC_CLK_TCK")
+    tried, opened, deadline = 0, [], time.monotonic() + 20
+    while time.monotonic() < deadline and tried < 3:
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) == os.getpid():
+                continue
+            try:
+                if b"services.evaluator.worker" not in open(f"/proc/{name}/cmdline", "rb").read():
+                    continue
+                started = int(open(f"/proc/{name}/stat").read().rsplit(")", 1)[1].split()[19]) / ticks
+                young = float(open("/proc/uptime").read().split()[0]) - started < 0.5
+            except OSError:
+                continue
+            try:
+                os.close(os.open(f"/proc/{name}/mem", os.O_RDWR))
+                opened.append(name)
+            except OSError:
+                pass
+            tried += young
+    if not tried:
+        raise RuntimeError("saw no worker start")
+    return opened
+
+OPENED = _starting_workers_opened()
+if OPENED:
+    raise RuntimeError(f"opened the memory of workers {OPENED}")
+""",
+)
+
+
+def test_a_job_cannot_hold_the_memory_of_a_worker_that_is_starting(process_client: httpx.Client) -> None:
+    """Process isolation (one uid): the kernel's dumpable check is no help while a worker starts; each worker's
+    Landlock domain is (landlock.py). Without Landlock the job held a starting worker's memory within 0.01 s."""
+    if _landlock_abi(process_client) == 0:
+        pytest.skip("no Landlock here: a starting worker is reachable (docs/evaluator.md, Not covered)")
+    result = evaluate(process_client, HOLDS_A_STARTING_WORKER_S_MEMORY)
+    assert result["status"] == "correct", result["message"]
+
+
+def reaches_process(pid: int) -> str:
+    """A candidate that opens the memory and descriptors of process `pid` and signals it (signal 0: only the check),
+    and answers right only where all of that failed."""
+    return sources.candidate(
+        "return x.clamp_min(0) * self.scale",
+        prelude=f"""
+import os
+
+REACHED = []
+for _what in ("mem", "fd/0", "environ"):
+    try:
+        os.close(os.open("/proc/{pid}/" + _what, os.O_RDONLY))
+        REACHED.append(_what)
+    except OSError:
+        pass
+try:
+    os.kill({pid}, 0)
+    REACHED.append("signal")
+except OSError:
+    pass
+if REACHED:
+    raise RuntimeError(f"reached {{REACHED}} of process {pid}")
+""",
+    )
+
+
+def test_a_job_reaches_no_process_outside_its_domain_even_of_its_own_uid(process_client: httpx.Client) -> None:
+    """A dumpable process of the jobs' uid, as a worker is while it starts: no job opens its memory, descriptors or
+    environment, and with Landlock's scopes (ABI 6) none signals it."""
+    abi = _landlock_abi(process_client)
+    if abi == 0:
+        pytest.skip("no Landlock here (docs/evaluator.md, Not covered)")
+    user = pwd.getpwnam(PROCESS_USER)
+    as_user = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups", "--"]
+    target = subprocess.Popen([*(as_user if os.geteuid() == 0 else []), "sleep", "600"])
+    try:
+        result = evaluate(process_client, reaches_process(target.pid))
+    finally:
+        target.kill()
+        target.wait()
+    if abi >= landlock.SCOPES_ABI:
+        assert result["status"] == "correct", result["message"]
+    else:
+        assert "signal" in result["message"] and "mem" not in result["message"], result["message"]
+
+
 @pytest.mark.parametrize("signum", ["SIGKILL", "SIGINT"])
 def test_a_job_that_breaks_its_timer_gets_a_verdict_of_its_own(any_client: httpx.Client, signum: str) -> None:
-    """SIGKILL in process isolation kills the timer: the candidate's `result_tampering`. SIGINT, which made the timer
-    raise KeyboardInterrupt (and the next evaluation's reference, in an idle worker), is ignored by every worker but
-    a candidate's. Strict isolation: no other worker is visible; the zeros are wrong."""
+    """SIGKILL in process isolation without Landlock's scopes kills the timer: the candidate's `result_tampering`.
+    SIGINT, which made the timer raise KeyboardInterrupt (and the next evaluation's reference, in an idle worker),
+    is ignored by every worker but a candidate's. Strict isolation, or Landlock's scopes: the signals reach no other
+    worker; the zeros are wrong."""
     result = evaluate(any_client, breaks_its_timer(signum), correctness_trials=3)
-    if signum == "SIGKILL" and any_client.get("/health").json()["details"]["isolation"] == "process":
+    reaches_the_timer = _landlock_abi(any_client) < landlock.SCOPES_ABI
+    if (
+        signum == "SIGKILL"
+        and reaches_the_timer
+        and any_client.get("/health").json()["details"]["isolation"] == "process"
+    ):
         assert result["status"] == "rejected" and "result_tampering" in result["flags"], (
             result["status"],
             result["message"],
@@ -226,8 +336,15 @@ threading.Thread(target=_kill_workers, daemon=True).start()
 
 def test_a_timer_killed_as_it_starts_in_process_isolation_is_the_candidates(process_client: httpx.Client) -> None:
     """A red-team job got `evaluator_error` (no penalty) this way: the timer's start failing was the service's. A
-    timer killed once started (before its model is built) is the candidate's too."""
-    assert_tampering(evaluate(process_client, KILLS_EVERY_STARTING_WORKER), "the reference timer")
+    timer killed once started (before its model is built) is the candidate's too. With Landlock's scopes the job's
+    signals reach no worker: its answers are right, and its scanning thread's CPU beside the timed calls may have
+    the judge reject its timing, never the timer's failure."""
+    result = evaluate(process_client, KILLS_EVERY_STARTING_WORKER)
+    if _landlock_abi(process_client) >= landlock.SCOPES_ABI:
+        assert result["status"] in ("correct", "rejected"), result["message"]
+        assert "result_tampering" not in result["flags"], result["message"]
+    else:
+        assert_tampering(result, "the reference timer")
     assert evaluate(process_client, sources.CORRECT)["status"] == "correct"
 
 
@@ -290,43 +407,30 @@ def test_a_job_that_breaks_other_workers_directories_gets_a_verdict_of_its_own(
         assert result["status"] == "correct", result["message"]
 
 
-# At import, gives every other worker's directories (`workers`) or the directory the service makes every worker in
-# (`work`) a default ACL with no rights for the owner, which what the service creates in them inherits; then answers
-# wrong. Modes and inodes stay as they were. The seccomp filter now fails every call that sets an extended
-# attribute (an ACL is one) with ENOTSUP; the ACLs are set only where there is no filter (a machine it does not
-# know), and the service's own checks of its directories stay for that case.
-NO_RIGHTS_BY_DEFAULT_ACL = """
-import errno, os, struct
-
-_entry = lambda tag, perm: struct.pack("<HHI", tag, perm, 0xFFFFFFFF)
-_acl = struct.pack("<I", 2) + _entry(1, 0) + _entry(4, 5) + _entry(0x20, 5)  # user::--- group::r-x other::r-x
-_own = os.path.dirname(os.getcwd())
-_work = os.path.dirname(_own)
-_targets = [_work] if TARGET == "work" else [
-    path
-    for name in os.listdir(_work)
-    if os.path.join(_work, name) != _own
-    for path in (os.path.join(_work, name, "home"), os.path.join(_work, name))
-]
-for _path in _targets:
-    try:
-        os.setxattr(_path, "system.posix_acl_default", _acl)
-    except OSError as error:
-        if error.errno != errno.ENOTSUP:
-            raise
-"""
+# A default ACL with no rights for the owner (user::--- group::r-x other::r-x), which what the service creates in a
+# directory that has it inherits.
+NO_RIGHTS_BY_DEFAULT = struct.pack("<I", 2) + b"".join(
+    struct.pack("<HHI", tag, perm, 0xFFFFFFFF) for tag, perm in ((1, 0), (4, 5), (0x20, 5))
+)
 
 
 @pytest.mark.parametrize("target", ["workers", "work"])
 def test_a_default_acl_on_the_workers_directories_breaks_no_later_evaluation(
-    process_client: httpx.Client, target: str
+    process_client: httpx.Client, process_home: Path, target: str
 ) -> None:
-    """A red-team job (process isolation) set default ACLs where the service creates files: the honest
-    evaluations after it ended `evaluator_error` as long as idle workers it reached were left (`workers`), or every
-    one after the workers started before it (`work`: no worker the service made could start)."""
-    prelude = f"TARGET = {target!r}\n" + NO_RIGHTS_BY_DEFAULT_ACL
-    result = evaluate(process_client, sources.candidate("return torch.zeros_like(x)", prelude=prelude))
-    assert result["status"] == "incorrect", result["message"]
+    """A red-team job (process isolation) set default ACLs where the service creates files: the honest evaluations
+    after it ended `evaluator_error` as long as idle workers it reached were left (`workers`), or every one after
+    the workers started before it (`work`: no worker the service made could start). Jobs can no longer set one (the
+    seccomp filter fails every extended attribute set with ENOTSUP), so the test sets them as that job did, on the
+    idle workers' directories or the directory the service makes every worker in: the service's own checks of its
+    directories are what this tests."""
+    assert evaluate(process_client, sources.CORRECT)["status"] == "correct"
+    (work,) = process_home.glob("kernel-agent-evaluator-*")
+    roots = [root for root in work.glob("w*-*") if root.is_dir()]
+    targets = [work] if target == "work" else [path for root in roots for path in (root / "home", root)]
+    assert targets, f"no idle worker in {work}"
+    for path in targets:
+        os.setxattr(path, "system.posix_acl_default", NO_RIGHTS_BY_DEFAULT)
     for _ in range(4):
         result = evaluate(process_client, sources.CORRECT)
         assert result["status"] == "correct", result["message"]

@@ -1,0 +1,115 @@
+"""A Landlock domain every worker enters in sandbox.enter(), before it reads a job: the kernel then keeps the job's
+processes away from every process outside that domain, whatever their uid.
+
+Landlock (Linux 5.13 and later) needs no privilege. A domain is inherited by every child and cannot be left. What
+it scopes, and why it is here:
+- ptrace access (every ABI): a process in a domain can trace, read or write the memory of (`/proc/<pid>/mem`), or
+  open the descriptors of (`/proc/<pid>/fd`) only processes in its own domain or one nested in it. Workers are not
+  dumpable, which keeps other processes of their uid out, but a worker the pool has just started is dumpable until
+  it reaches sandbox.enter, and the kernel checks only when a file is opened: in `process` isolation (one uid for
+  the service and every job) a red-team job that watched `/proc` opened a starting worker's memory for reading and
+  writing, kept the descriptor after the worker turned non-dumpable, and so held any worker that later became a
+  reference run or the reference's timer. Each worker's own domain shuts that window.
+- signals (ABI 6, Linux 6.12): only to processes of its own domain: no job stops, interrupts or kills the service,
+  another job's workers or an idle worker (in `process` isolation, red-team jobs killed the reference's timer and
+  stopped it during the reference's turns).
+- abstract unix sockets (ABI 6): only to ones bound in its own domain (in `process` isolation jobs share a network
+  namespace, so two jobs could otherwise talk through one).
+Nothing else: the filesystem's reach stays what the mounts and uids of the isolation level make it. A domain that
+handles any filesystem access also refuses every rename or link into another directory (EXDEV) unless a rule grants
+that (`REFER`), and caches and builds write files aside and move them into place. From ABI 6 the domain handles scopes alone; before it (ABI 2
+to 5) it must handle something, so it handles `REFER` and grants it beneath `/`. ABI 1 has no `REFER`, and there,
+as without Landlock (an older kernel, or one booted without it), workers get no domain: `/health` says so
+(`details.landlock_abi` 0).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import os
+import platform
+
+# landlock_create_ruleset, landlock_add_rule, landlock_restrict_self: the same numbers on both machines.
+CREATE_RULESET, ADD_RULE, RESTRICT_SELF = 444, 445, 446
+CREATE_RULESET_VERSION = 1 << 0
+RULE_PATH_BENEATH = 1
+ACCESS_FS_REFER = 1 << 13
+SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0
+SCOPE_SIGNAL = 1 << 1
+# The first ABI with REFER, and the first with scopes (signals, abstract unix sockets).
+REFER_ABI, SCOPES_ABI = 2, 6
+MACHINES = ("x86_64", "aarch64")
+
+
+class _RulesetAttr(ctypes.Structure):
+    # struct landlock_ruleset_attr; the kernel takes the part its ABI knows (8 bytes before ABI 4, 16 before 6).
+    _fields_ = [
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    ]
+
+
+class _PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1  # struct landlock_path_beneath_attr is packed
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+@functools.cache
+def abi() -> int:
+    """The kernel's Landlock ABI version where workers get a domain (2 or later), else 0: none, ABI 1, or a machine
+    whose numbers this module does not know."""
+    if platform.machine() not in MACHINES:
+        return 0
+    version = _libc().syscall(CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(CREATE_RULESET_VERSION))
+    return version if version >= REFER_ABI else 0
+
+
+def restrict_self(version: int | None = None) -> int:
+    """Put the calling process (and every child it will have) in a new domain of `version`'s kind (default: the
+    kernel's ABI); needs PR_SET_NO_NEW_PRIVS. Returns that version, 0 where there is no Landlock."""
+    version = abi() if version is None else min(version, abi())
+    if version == 0:
+        return 0
+    libc = _libc()
+    if version >= SCOPES_ABI:
+        attr, size = _RulesetAttr(0, 0, SCOPE_SIGNAL | SCOPE_ABSTRACT_UNIX_SOCKET), 24
+    else:
+        attr, size = _RulesetAttr(ACCESS_FS_REFER, 0, 0), 8
+    ruleset = libc.syscall(CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if ruleset < 0:
+        _raise("landlock_create_ruleset")
+    try:
+        if version < SCOPES_ABI:
+            root = os.open("/", os.O_PATH | os.O_CLOEXEC)
+            try:
+                rule = _PathBeneathAttr(ACCESS_FS_REFER, root)
+                if (
+                    libc.syscall(
+                        ADD_RULE,
+                        ctypes.c_int(ruleset),
+                        ctypes.c_int(RULE_PATH_BENEATH),
+                        ctypes.byref(rule),
+                        ctypes.c_uint32(0),
+                    )
+                    != 0
+                ):
+                    _raise("landlock_add_rule")
+            finally:
+                os.close(root)
+        if libc.syscall(RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+            _raise("landlock_restrict_self")
+    finally:
+        os.close(ruleset)
+    return version
+
+
+def _raise(call: str) -> None:
+    code = ctypes.get_errno()
+    raise OSError(code, f"{call}: {errno.errorcode.get(code, code)}")
