@@ -15,10 +15,13 @@ it scopes, and why it is here:
   stopped it during the reference's turns).
 - abstract unix sockets (ABI 6): only to ones bound in its own domain (in `process` isolation jobs share a network
   namespace, so two jobs could otherwise talk through one).
+- TCP (ABI 4, Linux 6.7): no bind and no connect. In `strict` isolation a job's network namespace has no interface
+  up, so nothing changes there; in `process` isolation a red-team job called its own service's HTTP API on
+  127.0.0.1 (no token is needed on loopback), and any other evaluator's on the host.
 Nothing else: the filesystem's reach stays what the mounts and uids of the isolation level make it. A domain that
 handles any filesystem access also refuses every rename or link into another directory (EXDEV) unless a rule grants
-that (`REFER`), and caches and builds write files aside and move them into place. From ABI 6 the domain handles scopes alone; before it (ABI 2
-to 5) it must handle something, so it handles `REFER` and grants it beneath `/`. ABI 1 has no `REFER`, and there,
+that (`REFER`), and caches and builds write files aside and move them into place. From ABI 6 the domain handles scopes and TCP alone; before it (ABI 2
+to 5) it handles `REFER` too (a domain must handle something before ABI 4) and grants it beneath `/`. ABI 1 has no `REFER`, and there,
 as without Landlock (an older kernel, or one booted without it), workers get no domain: `/health` says so
 (`details.landlock_abi` 0).
 """
@@ -36,10 +39,11 @@ CREATE_RULESET, ADD_RULE, RESTRICT_SELF = 444, 445, 446
 CREATE_RULESET_VERSION = 1 << 0
 RULE_PATH_BENEATH = 1
 ACCESS_FS_REFER = 1 << 13
+ACCESS_NET_BIND_TCP, ACCESS_NET_CONNECT_TCP = 1 << 0, 1 << 1
 SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0
 SCOPE_SIGNAL = 1 << 1
-# The first ABI with REFER, and the first with scopes (signals, abstract unix sockets).
-REFER_ABI, SCOPES_ABI = 2, 6
+# The first ABI with REFER, with TCP, and with scopes (signals, abstract unix sockets).
+REFER_ABI, TCP_ABI, SCOPES_ABI = 2, 4, 6
 MACHINES = ("x86_64", "aarch64")
 
 
@@ -78,8 +82,11 @@ def restrict_self(version: int | None = None) -> int:
     if version == 0:
         return 0
     libc = _libc()
+    tcp = ACCESS_NET_BIND_TCP | ACCESS_NET_CONNECT_TCP
     if version >= SCOPES_ABI:
-        attr, size = _RulesetAttr(0, 0, SCOPE_SIGNAL | SCOPE_ABSTRACT_UNIX_SOCKET), 24
+        attr, size = _RulesetAttr(0, tcp, SCOPE_SIGNAL | SCOPE_ABSTRACT_UNIX_SOCKET), 24
+    elif version >= TCP_ABI:
+        attr, size = _RulesetAttr(ACCESS_FS_REFER, tcp, 0), 16
     else:
         attr, size = _RulesetAttr(ACCESS_FS_REFER, 0, 0), 8
     ruleset = libc.syscall(CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))

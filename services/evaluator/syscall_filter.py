@@ -1,5 +1,6 @@
 """A seccomp filter every worker installs last in sandbox.enter(): sockets of the unix and inet families only; no
-io_uring, perf events, BPF, userfaultfd or kernel keys; no new user namespace; no extended attributes set.
+io_uring, perf events, BPF, userfaultfd or kernel keys; no new user namespace; no extended attributes set; no
+limits, priorities or scheduling set for another process.
 
 Why, call by call (each found by a red-team candidate, or a way to what one found):
 - netlink sockets: their receive queues hold kernel memory that no memory cgroup is charged for and that no
@@ -16,6 +17,13 @@ Why, call by call (each found by a red-team candidate, or a way to what one foun
   block and no resident page. Without job cgroups, a candidate held 1.5 GB of them on its private /dev/shm against
   a 1 GiB limit and scored `correct` (the memory watch counts a job disk's blocks). They fail with ENOTSUP, as on
   a filesystem without them (what `shutil.copy2` and `cp -a` ignore).
+- resource limits, priorities and scheduling of another process (prlimit64 with a pid, setpriority and ioprio_set of
+  anything but the caller, sched_setscheduler, sched_setparam and sched_setattr with a pid): the kernel allows them
+  between processes of one uid, and Landlock has no check for them. In `process` isolation a red-team job set the
+  service's open-file limit to 8 through prlimit64: its own wrong answer and every later evaluation ended
+  `evaluator_error` until the service restarted. A job may still change its own (pid 0, as the C library's
+  setrlimit, nice and sched_setscheduler calls pass); other pids get EPERM. sched_setaffinity stays open: the worker
+  pins its own threads by their ids, which a filter cannot tell from another process's.
 - user namespaces (clone or unshare with CLONE_NEWUSER; clone3, whose flags sit in memory a filter cannot read,
   fails with ENOSYS and the C library falls back to clone, as under Docker's default profile): inside one a job
   holds every capability over its own namespaces, the kernel surface most privilege escalations have gone through.
@@ -42,7 +50,7 @@ SECCOMP_RET_ERRNO = 0x00050000
 # BPF_RET|BPF_K.
 LOAD_WORD, JUMP_IF_EQUAL, JUMP_IF_AT_LEAST, JUMP_IF_ANY_BIT, RETURN = 0x20, 0x15, 0x35, 0x45, 0x06
 # Offsets in struct seccomp_data: the call's number, its ABI, the low word of its first argument (little-endian).
-NR_OFFSET, ARCH_OFFSET, FIRST_ARGUMENT_OFFSET = 0, 4, 16
+NR_OFFSET, ARCH_OFFSET, FIRST_ARGUMENT_OFFSET, SECOND_ARGUMENT_OFFSET = 0, 4, 16, 24
 X32_SYSCALL_BIT = 0x40000000
 CLONE_NEWUSER = 0x10000000
 
@@ -58,14 +66,39 @@ class Machine:
     refused: tuple[int, ...]
     # Calls that fail with ENOTSUP: setxattr, lsetxattr, fsetxattr, setxattrat (463 on both).
     xattr_setters: tuple[int, ...]
+    # Calls allowed with a first argument (a pid) of 0 alone, the caller: prlimit64, sched_setparam,
+    # sched_setscheduler, sched_setattr.
+    own_process_only: tuple[int, ...]
+    # setpriority and ioprio_set: allowed for (PRIO_PROCESS, 0) and (IOPRIO_WHO_PROCESS, 0) alone.
+    setpriority: int
+    ioprio_set: int
 
 
 MACHINES = {
     "x86_64": Machine(
-        0xC000003E, 41, 56, 272, (425, 426, 427, 435, 298, 321, 323, 248, 249, 250), (188, 189, 190, 463)
+        0xC000003E,
+        41,
+        56,
+        272,
+        (425, 426, 427, 435, 298, 321, 323, 248, 249, 250),
+        (188, 189, 190, 463),
+        (302, 142, 144, 314),
+        141,
+        251,
     ),
-    "aarch64": Machine(0xC00000B7, 198, 220, 97, (425, 426, 427, 435, 241, 280, 282, 217, 218, 219), (5, 6, 7, 463)),
+    "aarch64": Machine(
+        0xC00000B7,
+        198,
+        220,
+        97,
+        (425, 426, 427, 435, 241, 280, 282, 217, 218, 219),
+        (5, 6, 7, 463),
+        (261, 118, 119, 274),
+        140,
+        30,
+    ),
 }
+PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
 ALLOWED_SOCKET_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6)
 
 
@@ -105,6 +138,26 @@ def program(machine: str) -> list[tuple[int, int, int, int]]:
         (RETURN, 0, 0, SECCOMP_RET_ERRNO | errno.EPERM),
         (LOAD_WORD, 0, 0, NR_OFFSET),
     ]
+    # Another process's limits, priority or scheduling: EPERM (the caller's own, pid 0: allowed).
+    refused_for_others = (RETURN, 0, 0, SECCOMP_RET_ERRNO | errno.EPERM)
+    for nr in calls.own_process_only:
+        instructions += [
+            (JUMP_IF_EQUAL, 0, 4, nr),
+            (LOAD_WORD, 0, 0, FIRST_ARGUMENT_OFFSET),
+            (JUMP_IF_EQUAL, 1, 0, 0),
+            refused_for_others,
+            allow,
+        ]
+    for nr, which in ((calls.setpriority, PRIO_PROCESS), (calls.ioprio_set, IOPRIO_WHO_PROCESS)):
+        instructions += [
+            (JUMP_IF_EQUAL, 0, 6, nr),
+            (LOAD_WORD, 0, 0, FIRST_ARGUMENT_OFFSET),
+            (JUMP_IF_EQUAL, 0, 2, which),
+            (LOAD_WORD, 0, 0, SECOND_ARGUMENT_OFFSET),
+            (JUMP_IF_EQUAL, 1, 0, 0),
+            refused_for_others,
+            allow,
+        ]
     # Any call but socket: allowed. socket: its family must be one of ours (each check jumps to the last "allow").
     instructions += [(JUMP_IF_EQUAL, 1, 0, calls.socket), allow, (LOAD_WORD, 0, 0, FIRST_ARGUMENT_OFFSET)]
     families = len(ALLOWED_SOCKET_FAMILIES)

@@ -12,15 +12,17 @@ import pytest
 from services.evaluator import landlock
 from services.evaluator.pool import REPO_ROOT
 
-# In a domain of the given version's kind: moves a file into another directory, opens the memory of a child it
-# started itself and of an outside process, signals both, and prints what worked.
+# In a domain of the given version's kind: moves a file into another directory, connects to a TCP port listening
+# on loopback and binds one, opens the memory of a child it started itself and of an outside process, signals both,
+# and prints what worked.
 IN_A_DOMAIN = textwrap.dedent(
     """
-    import ctypes, os, subprocess, sys, tempfile
+    import ctypes, os, socket, subprocess, sys, tempfile
     from services.evaluator import landlock
 
     outside = int(sys.argv[2])
     ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+    listener = socket.create_server(("127.0.0.1", 0))  # bound before the domain is entered
     print("version", landlock.restrict_self(int(sys.argv[1])))
     inside = subprocess.Popen(["sleep", "60"])
 
@@ -36,6 +38,8 @@ IN_A_DOMAIN = textwrap.dedent(
         os.mkdir(f"{home}/b")
         open(f"{home}/a/file", "w").close()
         worked("rename", lambda: os.rename(f"{home}/a/file", f"{home}/b/file"))
+    worked("tcp connect", lambda: socket.create_connection(listener.getsockname(), timeout=5).close())
+    worked("tcp bind", lambda: socket.create_server(("127.0.0.1", 0)).close())
     for name, pid in (("inside", inside.pid), ("outside", outside)):
         worked(f"{name} mem", lambda: os.close(os.open(f"/proc/{pid}/mem", os.O_RDONLY)))
         worked(f"{name} signal", lambda: os.kill(pid, 0))
@@ -61,8 +65,9 @@ def run_in_a_domain(version: int) -> dict[str, str]:
     return dict(line.rsplit(" ", 1) for line in done.stdout.splitlines())
 
 
-@pytest.mark.parametrize("version", [landlock.REFER_ABI, landlock.SCOPES_ABI])
+@pytest.mark.parametrize("version", [landlock.REFER_ABI, landlock.TCP_ABI, landlock.SCOPES_ABI])
 def test_a_domain_keeps_its_processes_from_the_outside_and_lets_them_move_files(version: int) -> None:
+    """Each kind of domain a kernel may give (landlock.restrict_self), on this kernel."""
     if landlock.abi() < version:
         pytest.skip(f"this kernel's Landlock ABI is {landlock.abi()}")
     seen = run_in_a_domain(version)
@@ -70,4 +75,6 @@ def test_a_domain_keeps_its_processes_from_the_outside_and_lets_them_move_files(
     assert seen["rename"] == "ok", "a file moved into another directory (EXDEV: REFER not granted)"
     assert seen["inside mem"] == "ok" and seen["inside signal"] == "ok", seen
     assert seen["outside mem"] != "ok", seen
+    tcp = seen["tcp connect"], seen["tcp bind"]
+    assert tcp == (("ok", "ok") if version < landlock.TCP_ABI else ("13", "13")), seen  # EACCES
     assert (seen["outside signal"] == "ok") == (version < landlock.SCOPES_ABI), seen

@@ -210,6 +210,55 @@ def test_a_job_cannot_hold_the_memory_of_a_worker_that_is_starting(process_clien
     assert result["status"] == "correct", result["message"]
 
 
+# Sets its parent's (in process isolation, the service's) open-file limit to 8 and its nice value to 19 at import,
+# then answers wrong. A red-team job did so: its own verdict and every later one were `evaluator_error`.
+LIMITS_THE_SERVICE = sources.candidate(
+    "return torch.zeros_like(x)",
+    prelude="""
+import os, resource
+
+for _limit in (lambda: resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE, (8, 8)),
+               lambda: os.setpriority(os.PRIO_PROCESS, os.getppid(), 19)):
+    try:
+        _limit()
+    except OSError:
+        pass
+""",
+)
+
+
+def test_a_job_cannot_set_the_service_s_limits_or_priority(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Process isolation (the service's uid): the seccomp filter refuses limits, priorities and scheduling set for
+    any other process. A server of its own: on failure this one is broken."""
+    with process_server(tmp_path_factory.mktemp("evaluator-limits") / "server.log") as (client, _):
+        result = evaluate(client, LIMITS_THE_SERVICE)
+        assert result["status"] == "incorrect", result["message"]
+        result = evaluate(client, sources.CORRECT)
+        assert result["status"] == "correct", result["message"]
+
+
+def test_a_job_cannot_call_its_service_s_api(process_client: httpx.Client) -> None:
+    """Process isolation shares the host's loopback, where the service needs no token: Landlock's TCP rules (ABI 4)
+    keep a job from connecting to any TCP port."""
+    if _landlock_abi(process_client) < landlock.TCP_ABI:
+        pytest.skip("no Landlock TCP rules here (docs/evaluator.md, Not covered)")
+    port = process_client.base_url.port
+    calls_the_service = sources.candidate(
+        "return x.clamp_min(0) * self.scale",
+        prelude=f"""
+import socket
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=5).close()
+except OSError:
+    pass
+else:
+    raise RuntimeError("connected to the service on port {port}")
+""",
+    )
+    result = evaluate(process_client, calls_the_service)
+    assert result["status"] == "correct", result["message"]
+
+
 def reaches_process(pid: int) -> str:
     """A candidate that opens the memory and descriptors of process `pid` and signals it (signal 0: only the check),
     and answers right only where all of that failed."""

@@ -1,6 +1,6 @@
 """The workers' seccomp filter, installed in a real process: unix and inet sockets, threads and child processes
-work; netlink and packet sockets, io_uring, perf events, kernel keys, new user namespaces and extended attributes
-do not, and children inherit it."""
+work; netlink and packet sockets, io_uring, perf events, kernel keys, new user namespaces, extended attributes and
+another process's limits, priorities and scheduling do not, and children inherit it."""
 
 from __future__ import annotations
 
@@ -47,6 +47,29 @@ with open(sys.argv[1], "w") as handle:
     setxattrat = libc.syscall(463, -100, sys.argv[1].encode(), 0, b"user.held", None, 0)
     results["setxattrat"] = "ok" if setxattrat == 0 else errno.errorcode[ctypes.get_errno()]
 results["unshare_ipc"] = "ok" if libc.unshare(0x08000000) == 0 else errno.errorcode[ctypes.get_errno()]
+# Another process's limits, priority, I/O priority and scheduling (each set to what it is, should one get through),
+# then the caller's own.
+import resource
+parent, nofile = os.getppid(), resource.getrlimit(resource.RLIMIT_NOFILE)
+ioprio_get, ioprio_set = (252, 251) if platform.machine() == "x86_64" else (31, 30)
+for name, call in (
+    ("prlimit_other", lambda: resource.prlimit(parent, resource.RLIMIT_NOFILE, nofile)),
+    ("setpriority_other", lambda: os.setpriority(os.PRIO_PROCESS, parent, os.getpriority(os.PRIO_PROCESS, parent))),
+    ("sched_setscheduler_other", lambda: os.sched_setscheduler(parent, os.sched_getscheduler(parent), os.sched_param(0))),
+    ("sched_setparam_other", lambda: os.sched_setparam(parent, os.sched_getparam(parent))),
+    ("setrlimit_own", lambda: resource.setrlimit(resource.RLIMIT_NOFILE, nofile)),
+    ("prlimit_own", lambda: resource.prlimit(0, resource.RLIMIT_NOFILE, nofile)),
+    ("nice_own", lambda: os.nice(0)),
+    ("sched_setscheduler_own", lambda: os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))),
+):
+    try:
+        call()
+        results[name] = "ok"
+    except OSError as error:
+        results[name] = errno.errorcode[error.errno]
+for name, pid in (("ioprio_set_other", parent), ("ioprio_set_own", 0)):
+    current = libc.syscall(ioprio_get, 1, pid)  # IOPRIO_WHO_PROCESS
+    results[name] = "ok" if libc.syscall(ioprio_set, 1, pid, current) == 0 else errno.errorcode[ctypes.get_errno()]
 ran = []
 thread = threading.Thread(target=ran.append, args=(1,))
 thread.start(); thread.join()
@@ -75,3 +98,8 @@ def test_the_filter_allows_unix_and_inet_sockets_only(tmp_path: Path) -> None:
     assert results["child_netlink"] == "97", results  # EAFNOSUPPORT in a child too
     # Extended attributes are kernel memory no job disk's count sees.
     assert {results[name] for name in ("setxattr", "fsetxattr", "lsetxattr", "setxattrat")} == {"ENOTSUP"}, results
+    # Another process of the uid (the service, in process isolation) is out of reach; the caller itself is not.
+    others = ("prlimit_other", "setpriority_other", "sched_setscheduler_other", "sched_setparam_other")
+    assert {results[name] for name in (*others, "ioprio_set_other")} == {"EPERM"}, results
+    own = ("setrlimit_own", "prlimit_own", "nice_own", "sched_setscheduler_own", "ioprio_set_own")
+    assert {results[name] for name in own} == {"ok"}, results
