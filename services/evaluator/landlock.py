@@ -20,10 +20,10 @@ it scopes, and why it is here:
   127.0.0.1 (no token is needed on loopback), and any other evaluator's on the host.
 Nothing else: the filesystem's reach stays what the mounts and uids of the isolation level make it. A domain that
 handles any filesystem access also refuses every rename or link into another directory (EXDEV) unless a rule grants
-that (`REFER`), and caches and builds write files aside and move them into place. From ABI 6 the domain handles scopes and TCP alone; before it (ABI 2
-to 5) it handles `REFER` too (a domain must handle something before ABI 4) and grants it beneath `/`. ABI 1 has no `REFER`, and there,
-as without Landlock (an older kernel, or one booted without it), workers get no domain: `/health` says so
-(`details.landlock_abi` 0).
+that (`REFER`), and caches and builds write files aside and move them into place. From ABI 6 the domain handles
+scopes and TCP alone; before it (ABI 2 to 5) it handles `REFER` too (a domain must handle something before ABI 4)
+and grants it beneath `/`. ABI 1 has no `REFER`, and there, as without Landlock (an older kernel, or one booted
+without it), workers get no domain: `/health` says so (`details.landlock_abi` 0).
 """
 
 from __future__ import annotations
