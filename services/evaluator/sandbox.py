@@ -127,14 +127,14 @@ ENV_ALLOW_PREFIXES = ("TORCH_", "CUDA_", "NVCC_", "TRITON_")
 ENV_DENY_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
 # Variables the sandbox sets itself; an inherited value would point outside the private directory.
 ENV_OWN = frozenset({"TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"})
-# glibc's malloc in every process of a job: blocks under MMAP_THRESHOLD_BYTES (the most glibc allows, and the most
-# its own threshold grows to) come from the heap, and up to TRIM_THRESHOLD_BYTES free at its top are kept rather than
-# given back to the kernel. By default the top was trimmed whenever more than twice the last freed large block lay
-# free there, so whether a step's temporaries were faulted in afresh every time (about 2.4 us a 4 KiB page) or
-# reused resident pages depended on the process's heap history: the output digest of identical code took 5.2-5.6 ms
-# a block in one worker (944 page faults each) against 3.0 ms in the other (none), either side the slow one, and an
-# honest C++ candidate was rejected for work moved into the digest. Memory freed below a block's top stays within
-# the job's peak, which its limits already allowed.
+# glibc's malloc in every process of a job: blocks under MMAP_THRESHOLD_BYTES (the most glibc allows, where its own
+# threshold stops growing) come from the heap, and up to TRIM_THRESHOLD_BYTES free at the heap's top are kept rather
+# than given back to the kernel (setting either stops glibc's own adjustment of both, hence both). By default the top
+# was given back whenever more than twice the last freed large block lay free there, so whether a step's temporaries
+# were faulted in afresh in every block (about 2.4 us a 4 KiB page) or reused resident pages depended on the
+# process's heap history: the output digest of identical code took 5.2-5.6 ms a block in one worker (944 page faults
+# each) against 3.0 ms in the other (none), either side the slower, and an honest C++ candidate was rejected for work
+# moved into the digest. What the heap keeps is within the job's peak, which its memory limit allowed.
 MMAP_THRESHOLD_BYTES = 32 << 20
 TRIM_THRESHOLD_BYTES = 1 << 30
 
