@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from services.evaluator import landlock
-from services.evaluator.pool import REPO_ROOT
+from tests.servers import REPO
 
 # In a domain of the given version's kind: moves a file into another directory, connects to a TCP port listening
 # on loopback and binds one, opens the memory of a child it started itself and of an outside process, signals both,
@@ -53,7 +53,7 @@ def run_in_a_domain(version: int) -> dict[str, str]:
     try:
         done = subprocess.run(
             [sys.executable, "-c", IN_A_DOMAIN, str(version), str(outside.pid)],
-            cwd=REPO_ROOT,
+            cwd=REPO,
             capture_output=True,
             text=True,
             timeout=60,
