@@ -113,7 +113,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
         if not strict:
             reach = (
-                "read and break the other evaluations' files (Landlock keeps it from their processes)"
+                "read the other evaluations' files and change their modes (Landlock keeps it from their processes "
+                "and from writing them)"
                 if landlock.abi() >= landlock.SCOPES_ABI
                 else "signal, stop or break the other evaluations' workers (no Landlock scopes here: Linux 6.12 has them)"
             )

@@ -1,5 +1,6 @@
 """A Landlock domain every worker enters in sandbox.enter(), before it reads a job: the kernel then keeps the job's
-processes away from every process outside that domain, whatever their uid.
+processes away from every process outside that domain, whatever their uid, and in `process` isolation from
+changing files outside the job's home.
 
 Landlock (Linux 5.13 and later) needs no privilege. A domain is inherited by every child and cannot be left. What
 it scopes, and why it is here:
@@ -18,12 +19,18 @@ it scopes, and why it is here:
 - TCP (ABI 4, Linux 6.7): no bind and no connect. In `strict` isolation a job's network namespace has no interface
   up, so nothing changes there; in `process` isolation a red-team job called its own service's HTTP API on
   127.0.0.1 (no token is needed on loopback), and any other evaluator's on the host.
-Nothing else: the filesystem's reach stays what the mounts and uids of the isolation level make it. A domain that
-handles any filesystem access also refuses every rename or link into another directory (EXDEV) unless a rule grants
-that (`REFER`), and caches and builds write files aside and move them into place. From ABI 6 the domain handles
-scopes and TCP alone; before it (ABI 2 to 5) it handles `REFER` too (a domain must handle something before ABI 4)
-and grants it beneath `/`. ABI 1 has no `REFER`, and there, as without Landlock (an older kernel, or one booted
-without it), workers get no domain: `/health` says so (`details.landlock_abi` 0).
+- writes (`process` isolation only): files and directories are made, written, truncated, removed, renamed or
+  linked only beneath the job's home and `/dev` (devices, `/dev/shm`). There the service, the build cache, other
+  jobs' directories and perhaps the service's own installation belong to the job's uid: red-team jobs rewrote
+  every library in the build cache and planted files where another worker's inputs go. In `strict` isolation the
+  mounts already keep everything outside the home and the private directories read-only, and the domain handles
+  no filesystem access there. Reads stay what uids and mounts make them. A domain that handles any filesystem
+  access also refuses every rename or link into another directory (EXDEV) unless a rule grants that (`REFER`), and
+  caches and builds write files aside and move them into place: the rules beneath the home grant it. Without write
+  rules, the domain handles scopes and TCP alone from ABI 6; before it (ABI 2 to 5) it handles `REFER` too (a
+  domain must handle something before ABI 4) and grants it beneath `/`. ABI 1 has no `REFER`, and there, as
+  without Landlock (an older kernel, or one booted without it), workers get no domain: `/health` says so
+  (`details.landlock_abi` 0).
 """
 
 from __future__ import annotations
@@ -33,17 +40,23 @@ import errno
 import functools
 import os
 import platform
+from collections.abc import Sequence
 
 # landlock_create_ruleset, landlock_add_rule, landlock_restrict_self: the same numbers on both machines.
 CREATE_RULESET, ADD_RULE, RESTRICT_SELF = 444, 445, 446
 CREATE_RULESET_VERSION = 1 << 0
 RULE_PATH_BENEATH = 1
+# Every filesystem access that changes something (ABI 1's, then REFER of ABI 2 and TRUNCATE of ABI 3); reading,
+# listing and executing stay unhandled, as do device ioctls (ABI 5: CUDA's are how a job uses its GPU).
+ACCESS_FS_WRITE_FILE = 1 << 1
+ACCESS_FS_CHANGES = ACCESS_FS_WRITE_FILE | sum(1 << bit for bit in range(4, 13))  # remove, make (dirs, files, nodes)
 ACCESS_FS_REFER = 1 << 13
+ACCESS_FS_TRUNCATE = 1 << 14
 ACCESS_NET_BIND_TCP, ACCESS_NET_CONNECT_TCP = 1 << 0, 1 << 1
 SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0
 SCOPE_SIGNAL = 1 << 1
-# The first ABI with REFER, with TCP, and with scopes (signals, abstract unix sockets).
-REFER_ABI, TCP_ABI, SCOPES_ABI = 2, 4, 6
+# The first ABI with REFER, with TRUNCATE, with TCP, and with scopes (signals, abstract unix sockets).
+REFER_ABI, TRUNCATE_ABI, TCP_ABI, SCOPES_ABI = 2, 3, 4, 6
 MACHINES = ("x86_64", "aarch64")
 
 
@@ -75,46 +88,49 @@ def abi() -> int:
     return version if version >= REFER_ABI else 0
 
 
-def restrict_self(version: int | None = None) -> int:
+def restrict_self(version: int | None = None, writable: Sequence[str] | None = None) -> int:
     """Put the calling process (and every child it will have) in a new domain of `version`'s kind (default: the
-    kernel's ABI); needs PR_SET_NO_NEW_PRIVS. Returns that version, 0 where there is no Landlock."""
+    kernel's ABI); needs PR_SET_NO_NEW_PRIVS. With `writable`, the domain changes the filesystem only beneath those
+    existing paths. Returns the version, 0 where there is no Landlock."""
     version = abi() if version is None else min(version, abi())
     if version == 0:
         return 0
-    libc = _libc()
-    tcp = ACCESS_NET_BIND_TCP | ACCESS_NET_CONNECT_TCP
-    if version >= SCOPES_ABI:
-        attr, size = _RulesetAttr(0, tcp, SCOPE_SIGNAL | SCOPE_ABSTRACT_UNIX_SOCKET), 24
-    elif version >= TCP_ABI:
-        attr, size = _RulesetAttr(ACCESS_FS_REFER, tcp, 0), 16
+    if writable is not None:
+        changes = ACCESS_FS_CHANGES | ACCESS_FS_REFER | (ACCESS_FS_TRUNCATE if version >= TRUNCATE_ABI else 0)
+        handled_fs, beneath = changes, tuple(writable)
+    elif version < SCOPES_ABI:
+        handled_fs, beneath = ACCESS_FS_REFER, ("/",)
     else:
-        attr, size = _RulesetAttr(ACCESS_FS_REFER, 0, 0), 8
+        handled_fs, beneath = 0, ()
+    if version >= SCOPES_ABI:
+        tcp = ACCESS_NET_BIND_TCP | ACCESS_NET_CONNECT_TCP
+        attr, size = _RulesetAttr(handled_fs, tcp, SCOPE_SIGNAL | SCOPE_ABSTRACT_UNIX_SOCKET), 24
+    elif version >= TCP_ABI:
+        attr, size = _RulesetAttr(handled_fs, ACCESS_NET_BIND_TCP | ACCESS_NET_CONNECT_TCP, 0), 16
+    else:
+        attr, size = _RulesetAttr(handled_fs, 0, 0), 8
+    libc = _libc()
     ruleset = libc.syscall(CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     if ruleset < 0:
         _raise("landlock_create_ruleset")
     try:
-        if version < SCOPES_ABI:
-            root = os.open("/", os.O_PATH | os.O_CLOEXEC)
-            try:
-                rule = _PathBeneathAttr(ACCESS_FS_REFER, root)
-                if (
-                    libc.syscall(
-                        ADD_RULE,
-                        ctypes.c_int(ruleset),
-                        ctypes.c_int(RULE_PATH_BENEATH),
-                        ctypes.byref(rule),
-                        ctypes.c_uint32(0),
-                    )
-                    != 0
-                ):
-                    _raise("landlock_add_rule")
-            finally:
-                os.close(root)
+        for path in beneath:  # every access the domain handles is granted beneath these
+            _allow_beneath(libc, ruleset, path, handled_fs)
         if libc.syscall(RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
             _raise("landlock_restrict_self")
     finally:
         os.close(ruleset)
     return version
+
+
+def _allow_beneath(libc: ctypes.CDLL, ruleset: int, path: str, access: int) -> None:
+    directory = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    try:
+        rule = _PathBeneathAttr(access, directory)
+        if libc.syscall(ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(RULE_PATH_BENEATH), ctypes.byref(rule), 0) != 0:
+            _raise("landlock_add_rule")
+    finally:
+        os.close(directory)
 
 
 def _raise(call: str) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from services.evaluator import landlock
 from tests.evaluator import sources
 from tests.evaluator.conftest import evaluate, server_env
 from tests.servers import run_service
@@ -53,13 +54,31 @@ def test_cache_survives_restart(client: httpx.Client, build_cache_dir: Path, tmp
     assert result["status"] == "correct" and result["cache_hit"] is True, result["message"]
 
 
-def test_a_library_a_job_rewrote_is_built_again(process_client: httpx.Client) -> None:
-    """In process isolation a job can rewrite the build cache (the service's uid owns it); the service serves a
-    library only while its bytes are those it published, so a later evaluation never loads what a job wrote."""
+def test_a_job_cannot_rewrite_the_build_cache(process_client: httpx.Client) -> None:
+    """In process isolation the job's uid owns the build cache; its Landlock domain keeps its writes to its home (a
+    red-team job had rewritten every library there, and a later correct C++ candidate got `compile_error`)."""
+    if landlock.abi() == 0:
+        pytest.skip("this kernel gives workers no Landlock domain")
     first = evaluate(process_client, sources.CPP_CORRECT, timeout_s=600)
     assert first["status"] == "correct", first["message"]
     poisoner = evaluate(process_client, sources.CACHE_POISONER)
-    assert poisoner["status"] == "runtime_error" and "POISONED ['ext_" in poisoner["message"], poisoner["message"]
+    assert poisoner["status"] == "runtime_error", poisoner["message"]
+    assert "POISONED ['PermissionError'" in poisoner["message"], poisoner["message"]
+    cached = evaluate(process_client, sources.CPP_CORRECT)
+    assert cached["status"] == "correct" and cached["cache_hit"] is True, cached["message"]
+
+
+def test_a_rewritten_library_is_built_again(process_client: httpx.Client, process_home: Path) -> None:
+    """Where a job can write the cache (process isolation without Landlock), the service serves a library only
+    while its bytes are those it published, so a later evaluation never loads what was written there."""
+    first = evaluate(process_client, sources.CPP_CORRECT, timeout_s=600)
+    assert first["status"] == "correct", first["message"]
+    libraries = list((process_home / "cache").glob("*/ext_*.so"))
+    assert libraries
+    for library in libraries:  # as CACHE_POISONER did from a job
+        with open(library, "r+b") as handle:
+            handle.truncate(0)
+            handle.write(b"\x7fELF written by another evaluation")
     again = evaluate(process_client, sources.CPP_CORRECT, timeout_s=600)
     assert again["status"] == "correct" and again["cache_hit"] is False, again["message"]
     cached = evaluate(process_client, sources.CPP_CORRECT)

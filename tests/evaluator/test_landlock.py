@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -78,3 +79,72 @@ def test_a_domain_keeps_its_processes_from_the_outside_and_lets_them_move_files(
     tcp = seen["tcp connect"], seen["tcp bind"]
     assert tcp == (("ok", "ok") if version < landlock.TCP_ABI else ("13", "13")), seen  # EACCES
     assert (seen["outside signal"] == "ok") == (version < landlock.SCOPES_ABI), seen
+
+
+# In a domain that changes files only beneath the job's home (argv[1]) and /dev, as a `process`-isolation worker's:
+# what it can do in its home, to a file and a directory outside it (argv[2]), and on /dev; prints what worked.
+WRITING_IN_A_DOMAIN = textwrap.dedent(
+    """
+    import ctypes, os, socket, sys
+    from services.evaluator import landlock
+
+    home, outside = sys.argv[1], sys.argv[2]
+    ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+    print("version", landlock.restrict_self(writable=(home, "/dev")))
+
+    def worked(what, attempt):
+        try:
+            attempt()
+            print(what, "ok")
+        except OSError as error:
+            print(what, error.errno)
+
+    def write(path, mode="w"):
+        with open(path, mode) as handle:
+            handle.write("written in a domain")
+
+    os.makedirs(f"{home}/a/b")
+    worked("home write", lambda: write(f"{home}/a/file"))
+    worked("home rename", lambda: os.rename(f"{home}/a/file", f"{home}/a/b/file"))
+    worked("home truncate", lambda: os.truncate(f"{home}/a/b/file", 0))
+    worked("home remove", lambda: os.unlink(f"{home}/a/b/file"))
+    worked("outside append", lambda: write(f"{outside}/file", "a"))
+    worked("outside truncate", lambda: os.truncate(f"{outside}/file", 0))
+    worked("outside create", lambda: write(f"{outside}/new"))
+    worked("outside mkdir", lambda: os.mkdir(f"{outside}/dir"))
+    worked("outside remove", lambda: os.unlink(f"{outside}/file"))
+    worked("outside link", lambda: os.link(f"{outside}/file", f"{home}/link"))
+    worked("outside symlink", lambda: os.symlink("/etc/passwd", f"{outside}/link"))
+    worked("outside socket", lambda: socket.socket(socket.AF_UNIX).bind(f"{outside}/socket"))
+    worked("move out", lambda: (write(f"{home}/moved"), os.rename(f"{home}/moved", f"{outside}/moved")))
+    worked("outside read", lambda: open(f"{outside}/file").read())
+    worked("dev null", lambda: write("/dev/null"))
+    """
+)
+
+
+def test_a_domain_with_write_rules_changes_files_only_beneath_its_home_and_dev(tmp_path: Path) -> None:
+    """A `process`-isolation worker's domain (sandbox.enter): the job's uid owns the build cache and other jobs'
+    directories, which it may read but no longer change."""
+    if landlock.abi() == 0:
+        pytest.skip("this kernel gives workers no Landlock domain")
+    home, outside = tmp_path / "home", tmp_path / "outside"
+    home.mkdir()
+    outside.mkdir()
+    (outside / "file").write_text("published")
+    done = subprocess.run(
+        [sys.executable, "-c", WRITING_IN_A_DOMAIN, str(home), str(outside)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    seen = dict(line.rsplit(" ", 1) for line in done.stdout.splitlines())
+    assert seen.pop("version") == str(landlock.abi())
+    allowed = {"home write", "home rename", "home truncate", "home remove", "outside read", "dev null"}
+    assert {what for what, errno in seen.items() if errno == "ok"} == allowed, seen
+    # EACCES; EXDEV for a link across the rules' boundary.
+    assert {errno for what, errno in seen.items() if what not in allowed} <= {"13", "18"}, seen
+    assert (outside / "file").read_text() == "published"
+    assert sorted(path.name for path in outside.iterdir()) == ["file"]
