@@ -1,6 +1,6 @@
 """A seccomp filter every worker installs last in sandbox.enter(): sockets of the unix and inet families only; no
 io_uring, perf events, BPF, userfaultfd or kernel keys; no new user namespace; no extended attributes set; no
-limits, priorities or scheduling set for another process.
+limits, priorities or scheduling set for another process; no file leases.
 
 Why, call by call (each found by a red-team candidate, or a way to what one found):
 - netlink sockets: their receive queues hold kernel memory that no memory cgroup is charged for and that no
@@ -24,6 +24,12 @@ Why, call by call (each found by a red-team candidate, or a way to what one foun
   `evaluator_error` until the service restarted. A job may still change its own (pid 0, as the C library's
   setrlimit, nice and sched_setscheduler calls pass); other pids get EPERM. sched_setaffinity stays open: the worker
   pins its own threads by their ids, which a filter cannot tell from another process's.
+- file leases (fcntl F_SETLEASE): a lease on a file makes every other process's open of it that conflicts wait
+  for the lease's holder, up to the kernel's lease-break-time (45 s by default), or fail with EAGAIN where it does
+  not block. The kernel lets a file's owner take one, so in `process` isolation a red-team daemon took leases on
+  the build cache's libraries and on the reference's saved files: the service's event loop stalled for 45 s on a
+  cache hit, and every later evaluation that ran a reference ended `evaluator_error`. In `strict` isolation a job
+  owns its saved outputs, which the service opens. No kernel benchmark needs a lease: EPERM.
 - user namespaces (clone or unshare with CLONE_NEWUSER; clone3, whose flags sit in memory a filter cannot read,
   fails with ENOSYS and the C library falls back to clone, as under Docker's default profile): inside one a job
   holds every capability over its own namespaces, the kernel surface most privilege escalations have gone through.
@@ -72,6 +78,7 @@ class Machine:
     # setpriority and ioprio_set: allowed for (PRIO_PROCESS, 0) and (IOPRIO_WHO_PROCESS, 0) alone.
     setpriority: int
     ioprio_set: int
+    fcntl: int  # refused with F_SETLEASE
 
 
 MACHINES = {
@@ -85,6 +92,7 @@ MACHINES = {
         (302, 142, 144, 314),
         141,
         251,
+        72,
     ),
     "aarch64": Machine(
         0xC00000B7,
@@ -96,9 +104,11 @@ MACHINES = {
         (261, 118, 119, 274),
         140,
         30,
+        25,
     ),
 }
 PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
+F_SETLEASE = 1024
 ALLOWED_SOCKET_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6)
 
 
@@ -139,13 +149,13 @@ def program(machine: str) -> list[tuple[int, int, int, int]]:
         (LOAD_WORD, 0, 0, NR_OFFSET),
     ]
     # Another process's limits, priority or scheduling: EPERM (the caller's own, pid 0: allowed).
-    refused_for_others = (RETURN, 0, 0, SECCOMP_RET_ERRNO | errno.EPERM)
+    not_permitted = (RETURN, 0, 0, SECCOMP_RET_ERRNO | errno.EPERM)
     for nr in calls.own_process_only:
         instructions += [
             (JUMP_IF_EQUAL, 0, 4, nr),
             (LOAD_WORD, 0, 0, FIRST_ARGUMENT_OFFSET),
             (JUMP_IF_EQUAL, 1, 0, 0),
-            refused_for_others,
+            not_permitted,
             allow,
         ]
     for nr, which in ((calls.setpriority, PRIO_PROCESS), (calls.ioprio_set, IOPRIO_WHO_PROCESS)):
@@ -155,9 +165,17 @@ def program(machine: str) -> list[tuple[int, int, int, int]]:
             (JUMP_IF_EQUAL, 0, 2, which),
             (LOAD_WORD, 0, 0, SECOND_ARGUMENT_OFFSET),
             (JUMP_IF_EQUAL, 1, 0, 0),
-            refused_for_others,
+            not_permitted,
             allow,
         ]
+    # A file lease: EPERM.
+    instructions += [
+        (JUMP_IF_EQUAL, 0, 4, calls.fcntl),
+        (LOAD_WORD, 0, 0, SECOND_ARGUMENT_OFFSET),
+        (JUMP_IF_EQUAL, 0, 1, F_SETLEASE),
+        not_permitted,
+        allow,
+    ]
     # Any call but socket: allowed. socket: its family must be one of ours (each check jumps to the last "allow").
     instructions += [(JUMP_IF_EQUAL, 1, 0, calls.socket), allow, (LOAD_WORD, 0, 0, FIRST_ARGUMENT_OFFSET)]
     families = len(ALLOWED_SOCKET_FAMILIES)

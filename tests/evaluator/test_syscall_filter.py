@@ -1,6 +1,6 @@
 """The workers' seccomp filter, installed in a real process: unix and inet sockets, threads and child processes
 work; netlink and packet sockets, io_uring, perf events, kernel keys, new user namespaces, extended attributes and
-another process's limits, priorities and scheduling do not, and children inherit it."""
+another process's limits, priorities and scheduling and file leases do not, and children inherit it."""
 
 from __future__ import annotations
 
@@ -70,6 +70,19 @@ for name, call in (
 for name, pid in (("ioprio_set_other", parent), ("ioprio_set_own", 0)):
     current = libc.syscall(ioprio_get, 1, pid)  # IOPRIO_WHO_PROCESS
     results[name] = "ok" if libc.syscall(ioprio_set, 1, pid, current) == 0 else errno.errorcode[ctypes.get_errno()]
+# A lease on a file of the caller's own (which the service may open); other fcntl calls and locks still work.
+import fcntl
+lease_fd = os.open(sys.argv[1], os.O_RDONLY)
+for name, call in (
+    ("lease", lambda: fcntl.fcntl(lease_fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)),
+    ("fcntl_getfl", lambda: fcntl.fcntl(lease_fd, fcntl.F_GETFL)),
+    ("flock", lambda: fcntl.flock(lease_fd, fcntl.LOCK_SH)),
+):
+    try:
+        call()
+        results[name] = "ok"
+    except OSError as error:
+        results[name] = errno.errorcode[error.errno]
 ran = []
 thread = threading.Thread(target=ran.append, args=(1,))
 thread.start(); thread.join()
@@ -103,3 +116,5 @@ def test_the_filter_allows_unix_and_inet_sockets_only(tmp_path: Path) -> None:
     assert {results[name] for name in (*others, "ioprio_set_other")} == {"EPERM"}, results
     own = ("setrlimit_own", "prlimit_own", "nice_own", "sched_setscheduler_own", "ioprio_set_own")
     assert {results[name] for name in own} == {"ok"}, results
+    # A lease would make the service's opens of the file wait or fail.
+    assert results["lease"] == "EPERM" and results["fcntl_getfl"] == results["flock"] == "ok", results
