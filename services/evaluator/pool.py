@@ -45,6 +45,8 @@ FLOODED = object()
 STDIO_TAIL_BYTES = 16_384
 # Nice value of workers while they start and wait idle: below every evaluation that is being timed.
 IDLE_NICE = 10
+# Process isolation: how often the service kills job processes that left their worker's tree (sandbox.kill_escaped).
+ORPHAN_SWEEP_PERIOD_S = 0.25
 # A job disk of this many of the largest files a job may write, where its size is not set: the largest file beside
 # inputs (or a timer's copies of checks) of up to three such files.
 JOB_DISK_FILES = 4
@@ -483,6 +485,12 @@ class WorkerPool:
         self.memory_watch = MemoryWatch(settings.memory_limit_mb)
         self.cgroups = job_cgroup.JobCgroups.create(settings.memory_limit_mb) if settings.job_cgroups else None
         self.job_disk_mb = _job_disks(settings, strict, self.work_dir)
+        # Process isolation: no pid namespace holds a job's processes together, so those whose parent exits come to
+        # the service, which kills them (_sweep_orphans). Strict isolation's come to pid 1 of their namespace.
+        self._spawned: dict[int, asyncio.subprocess.Process] = {}
+        self._orphan_sweep: asyncio.Task[None] | None = None
+        if not strict:
+            sandbox.adopt_orphans()
 
     def placement(self, device: str) -> str | None:
         """The GPU an evaluation's workers share (round robin), None on CPU."""
@@ -669,6 +677,9 @@ class WorkerPool:
                 if worker_end is not None:
                     worker_end.close()
         os.close(write_fd)
+        self._spawned[proc.pid] = proc
+        if not self.strict and self._orphan_sweep is None:
+            self._orphan_sweep = asyncio.create_task(self._sweep_orphans())
         if handover is not None:
             handover.setblocking(False)
         if os.geteuid() == 0:
@@ -726,8 +737,21 @@ class WorkerPool:
             if worker.uid is not None and self.uids is not None:
                 self.uids.release(worker.uid)
 
+    async def _sweep_orphans(self) -> None:
+        """Kill, four times a second, every job process re-parented to the service: out of its worker's process
+        tree, the judge's stops and the kill after its job missed it, and it outlived its job (a red-team daemon,
+        double-forked with `setsid`, held 60,000 open files after its job had ended). A worker's pid counts as one
+        until asyncio has reaped it."""
+        while True:
+            self._spawned = {pid: proc for pid, proc in self._spawned.items() if proc.returncode is None}
+            try:
+                await asyncio.to_thread(sandbox.kill_escaped, set(self._spawned))
+            except Exception:
+                log.exception("the sweep for escaped job processes failed; it goes on")
+            await asyncio.sleep(ORPHAN_SWEEP_PERIOD_S)
+
     async def close(self) -> None:
-        for task in [*self._refill, self.memory_watch.task]:
+        for task in [*self._refill, self.memory_watch.task, self._orphan_sweep]:
             if task is not None:
                 task.cancel()
         workers = [w for idle in self._idle.values() for w in idle] + list(self._active)

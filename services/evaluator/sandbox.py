@@ -69,6 +69,7 @@ MOUNT_OPTION_FLAGS = {
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_CHILD_SUBREAPER = 36
 # Shared scratch places replaced by an empty, small tmpfs (of this many MiB) in strict isolation.
 PRIVATE_TMPFS = ("/tmp", "/var/tmp", "/dev/shm")
 PRIVATE_TMPFS_MB = 64
@@ -841,6 +842,47 @@ def kill_all(uid: int | None, root_pid: int, signaller: UidSignaller | None = No
             with contextlib.suppress(Exception):
                 proc.kill()
         time.sleep(0.02)
+
+
+def adopt_orphans() -> None:
+    """Make the calling process (the service, in `process` isolation) the child subreaper of every process it
+    starts: a descendant whose parent exits is re-parented to it rather than to init, where kill_escaped finds it."""
+    _check(_libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def kill_escaped(workers: set[int]) -> list[int]:
+    """SIGKILL (and reap, once dead) every child of this process that runs under more seccomp filters than it does
+    but is none of `workers`: a job's process re-parented here (adopt_orphans), since only job processes carry the
+    workers' filter, which they cannot remove. Such a process left its worker's tree (a daemon's double fork, or a
+    worker that exited before its children), which the judge's stops and the kill after a job follow; in `process`
+    isolation a red-team daemon so outlived its job, holding 60,000 open files. Nothing else reaps these children,
+    so their pids cannot be reused before this does. Returns the pids killed."""
+    own = _seccomp_filters("self")
+    escaped = [pid for pid in _children_of_self() - workers if _seccomp_filters(str(pid)) > own]
+    for pid in escaped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # a zombie from an earlier call, or this one's if it died already
+    return escaped
+
+
+def _children_of_self() -> set[int]:
+    children: set[int] = set()
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            children.update(int(pid) for pid in Path(f"/proc/self/task/{task}/children").read_text().split())
+    return children
+
+
+def _seccomp_filters(pid: str) -> int:
+    """How many seccomp filters the process runs under (Linux 5.9 and later), 0 where it is gone or unknown."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    match = re.search(r"^Seccomp_filters:\s*(\d+)", status, re.MULTILINE)
+    return int(match.group(1)) if match else 0
 
 
 def resident_bytes(uid: int | None, root_pid: int, table: dict[int, tuple[int, set[int]]] | None = None) -> int:

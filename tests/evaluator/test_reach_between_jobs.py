@@ -19,6 +19,7 @@ import pytest
 from services.evaluator import landlock
 from tests.evaluator import sources
 from tests.evaluator.conftest import FAKE_API_KEY, PROCESS_USER, evaluate, process_server, server_env
+from tests.evaluator.test_namespaces import DAEMON_PRELUDE, surviving_daemons
 from tests.servers import run_service
 
 
@@ -559,3 +560,23 @@ def test_workers_a_job_stopped_or_killed_are_not_handed_to_the_next(any_client: 
     for seed in range(3):
         result = evaluate(any_client, sources.CORRECT, seed=seed)
         assert result["status"] == "correct", result["message"]
+
+
+@pytest.mark.parametrize(
+    ("forward", "status"), [("os._exit(7)", "crashed"), ("return x.clamp_min(0) * self.scale", "correct")]
+)
+def test_a_job_s_daemon_dies_at_once_in_process_isolation(
+    process_client: httpx.Client, forward: str, status: str
+) -> None:
+    """A double fork with `setsid` takes a process out of its worker's tree, which the judge's stops and the kill
+    after the job follow: in `process` isolation a red-team daemon outlived its job holding 60,000 open files. The
+    service adopts such processes (a child subreaper) and kills them, so the daemon is gone before its worker ends,
+    whether the worker exits or the job ends."""
+    try:
+        result = evaluate(process_client, sources.candidate(forward, prelude=DAEMON_PRELUDE))
+        assert result["status"] == status, result["message"]
+        assert "DAEMON OUTLIVED" not in result["message"], result["message"]
+        assert not surviving_daemons(), "a setsid daemon outlived its job"
+    finally:
+        for proc in surviving_daemons():
+            proc.kill()
