@@ -769,10 +769,12 @@ class Judge:
         key = build_cache.cache_key(kind, arguments, arch)
         split_asked = build_cache.SPLIT_ARGUMENT in arguments
         cache_dir = self.settings.cache_dir
-        path = build_cache.cached_library(cache_dir, key, verify=not self.pool.strict)
+        # Off the event loop: in process isolation this hashes the library (up to 64 MiB), a file the job's uid owns.
+        path = await asyncio.to_thread(build_cache.cached_library, cache_dir, key, not self.pool.strict)
         if path is not None:
             self.run_state.cache_hits += 1
-            self.run_state.build_paths.append(build_cache.recorded_build_path(cache_dir, key, split_asked))
+            recorded = await asyncio.to_thread(build_cache.recorded_build_path, cache_dir, key, split_asked)
+            self.run_state.build_paths.append(recorded)
         else:
             try:
                 path, parts = await self.evaluator.shared(
@@ -781,7 +783,8 @@ class Judge:
             except build_cache.BuildFailedError as error:
                 self.run_state.build_paths.append(error.build_path)
                 return {"error": str(error)}
-            self.run_state.build_paths.append(build_cache.recorded_build_path(cache_dir, key, split_asked))
+            recorded = await asyncio.to_thread(build_cache.recorded_build_path, cache_dir, key, split_asked)
+            self.run_state.build_paths.append(recorded)
             for part, seconds in parts.items():
                 self.run_state.phases[f"build_{part}"] = self.run_state.phases.get(f"build_{part}", 0.0) + seconds
         return {"path": str(path), "name": build_cache.library_name(key)}
