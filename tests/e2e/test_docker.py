@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from services.evaluator import landlock
 from services.trainer.config import ConfigError
 from services.trainer.policy import SMOLLM2_GGUF, smollm2_gguf_dir
 from tests.e2e.docker_engine import Engine, build_command, compose_command, docker_engine, missing_tools
@@ -344,9 +345,11 @@ def test_evaluator_container_is_a_sandbox(stack: Stack) -> None:
     for name in ("connect_internet", "connect_implementer", "write_root_fs", "read_api_key"):
         assert results[name]["status"] != "correct", (name, results[name])
     assert "Read-only file system" in results["write_root_fs"]["message"]
-    assert any(text in results["connect_internet"]["message"] for text in ("unreachable", "timed out", "refused")), (
-        results["connect_internet"]["message"]
-    )
+    # Permission denied: the worker's Landlock domain refuses TCP connects (ABI 4 and later), before the network
+    # namespace, which has no route, would.
+    refusals = ("unreachable", "timed out", "refused", "Permission denied")
+    refused = results["connect_internet"]["message"]
+    assert any(text in refused for text in refusals), refused
     assert any(
         text in results["connect_implementer"]["message"]
         for text in ("Name or service not known", "Temporary failure in name resolution", "unreachable")
@@ -539,6 +542,9 @@ def assert_still_serving(stack: Stack, container: str, started_at: str) -> None:
 def test_evaluator_runs_strict_isolation(stack: Stack, evaluator: str) -> None:
     health = health_in_evaluator(stack)
     assert health["code"] == 200 and health["details"]["isolation"] == "strict", health
+    # Workers get a Landlock domain where the container's seccomp profile lets the service make one (0: none).
+    assert health["details"]["landlock_abi"] in (0, landlock.abi()), health
+    print(f"[docker e2e] Landlock ABI in the container: {health['details']['landlock_abi']}", flush=True)
 
 
 def test_candidate_cannot_read_the_token(stack: Stack, evaluator: str) -> None:
