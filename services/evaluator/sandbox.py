@@ -851,20 +851,39 @@ def adopt_orphans() -> None:
 
 
 def kill_escaped(workers: set[int]) -> list[int]:
-    """SIGKILL (and reap, once dead) every child of this process that runs under more seccomp filters than it does
-    but is none of `workers`: a job's process re-parented here (adopt_orphans), since only job processes carry the
-    workers' filter, which they cannot remove. Such a process left its worker's tree (a daemon's double fork, or a
-    worker that exited before its children), which the judge's stops and the kill after a job follow; in `process`
-    isolation a red-team daemon so outlived its job, holding 60,000 open files. Nothing else reaps these children,
-    so their pids cannot be reused before this does. Returns the pids killed."""
+    """Kill every child of this process that runs under more seccomp filters than it does but is none of `workers`,
+    with all its descendants, and reap it: a job's process re-parented here (adopt_orphans), since only job
+    processes carry the workers' filter, which they cannot remove. Such a process left its worker's tree (a
+    daemon's double fork, or a worker that exited before its children), which the judge's stops and the kill after
+    a job follow; in `process` isolation a red-team daemon so outlived its job, holding 60,000 open files. Nothing
+    else reaps these children, so their pids cannot be reused before this does. Returns the pids killed."""
     own = _seccomp_filters("self")
     escaped = [pid for pid in _children_of_self() - workers if _seccomp_filters(str(pid)) > own]
-    for pid in escaped:
+    killed = _stop_trees(escaped) if escaped else []
+    for pid in killed:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    for pid in escaped:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)  # a zombie from an earlier call, or this one's if it died already
-    return escaped
+    return killed
+
+
+def _stop_trees(roots: list[int], rounds: int = 50) -> list[int]:
+    """SIGSTOP `roots` and every descendant, scanning again until a scan finds none not stopped: a stopped process
+    neither forks nor sees its parent die, so none escapes to be re-parented before the SIGKILL. Killed one by one
+    instead, a red-team relay outran the sweep: each time its parent was killed, the child (polling getppid) forked
+    the next generation, and it outlived its job and the service."""
+    stopped: dict[int, None] = {}  # in the order stopped
+    for _ in range(rounds):
+        new = [pid for pid in job_pids(None, roots) if pid not in stopped]
+        if not new:
+            break
+        for pid in new:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+            stopped[pid] = None
+    return list(stopped)
 
 
 def _children_of_self() -> set[int]:
