@@ -20,9 +20,12 @@ it scopes, and why it is here:
   up, so nothing changes there; in `process` isolation a red-team job called its own service's HTTP API on
   127.0.0.1 (no token is needed on loopback), and any other evaluator's on the host.
 - writes (`process` isolation only): files and directories are made, written, truncated, removed, renamed or
-  linked only beneath the job's home and `/dev` (devices, `/dev/shm`). There the service, the build cache, other
-  jobs' directories and perhaps the service's own installation belong to the job's uid: red-team jobs rewrote
-  every library in the build cache and planted files where another worker's inputs go. In `strict` isolation the
+  linked only beneath the job's home; beneath `/dev` what exists (devices) may be written, nothing made. There the
+  service, the build cache, other jobs' directories and perhaps the service's own installation belong to the
+  job's uid: red-team jobs rewrote every library in the build cache and planted files where another worker's
+  inputs go. A file made in `/dev/shm` would outlive the job (a red-team job left 300 MiB there that no limit
+  counted, and later jobs read it), so POSIX shared memory and semaphores (multiprocessing's locks) fail; POSIX
+  message queues, made by a call of their own, are not refused (the kernel bounds their bytes per uid). In `strict` isolation the
   mounts already keep everything outside the home and the private directories read-only, and the domain handles
   no filesystem access there. Reads stay what uids and mounts make them. A domain that handles any filesystem
   access also refuses every rename or link into another directory (EXDEV) unless a rule grants that (`REFER`), and
@@ -40,7 +43,6 @@ import errno
 import functools
 import os
 import platform
-from collections.abc import Sequence
 
 # landlock_create_ruleset, landlock_add_rule, landlock_restrict_self: the same numbers on both machines.
 CREATE_RULESET, ADD_RULE, RESTRICT_SELF = 444, 445, 446
@@ -88,18 +90,20 @@ def abi() -> int:
     return version if version >= REFER_ABI else 0
 
 
-def restrict_self(version: int | None = None, writable: Sequence[str] | None = None) -> int:
+def restrict_self(version: int | None = None, home: str | None = None) -> int:
     """Put the calling process (and every child it will have) in a new domain of `version`'s kind (default: the
-    kernel's ABI); needs PR_SET_NO_NEW_PRIVS. With `writable`, the domain changes the filesystem only beneath those
-    existing paths. Returns the version, 0 where there is no Landlock."""
+    kernel's ABI); needs PR_SET_NO_NEW_PRIVS. With `home`, the domain changes files only beneath `home` and writes
+    beneath /dev only to what exists there (devices). Returns the version, 0 where there is no Landlock."""
     version = abi() if version is None else min(version, abi())
     if version == 0:
         return 0
-    if writable is not None:
-        changes = ACCESS_FS_CHANGES | ACCESS_FS_REFER | (ACCESS_FS_TRUNCATE if version >= TRUNCATE_ABI else 0)
-        handled_fs, beneath = changes, tuple(writable)
+    truncate = ACCESS_FS_TRUNCATE if version >= TRUNCATE_ABI else 0
+    beneath: tuple[tuple[str, int], ...]
+    if home is not None:
+        handled_fs = ACCESS_FS_CHANGES | ACCESS_FS_REFER | truncate
+        beneath = ((home, handled_fs), ("/dev", ACCESS_FS_WRITE_FILE | truncate))
     elif version < SCOPES_ABI:
-        handled_fs, beneath = ACCESS_FS_REFER, ("/",)
+        handled_fs, beneath = ACCESS_FS_REFER, (("/", ACCESS_FS_REFER),)
     else:
         handled_fs, beneath = 0, ()
     if version >= SCOPES_ABI:
@@ -114,8 +118,8 @@ def restrict_self(version: int | None = None, writable: Sequence[str] | None = N
     if ruleset < 0:
         _raise("landlock_create_ruleset")
     try:
-        for path in beneath:  # every access the domain handles is granted beneath these
-            _allow_beneath(libc, ruleset, path, handled_fs)
+        for path, access in beneath:
+            _allow_beneath(libc, ruleset, path, access)
         if libc.syscall(RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
             _raise("landlock_restrict_self")
     finally:

@@ -538,9 +538,9 @@ def enter(spec: SandboxSpec) -> None:
     os.umask(0o077)
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
     # Before the seccomp filter, whose rules need not know Landlock's calls. In process isolation the job's uid owns
-    # other jobs' files and the build cache, so its writes are kept to its home and /dev there; in strict isolation
-    # the mounts do that already, and leave the private directories (PRIVATE_DIRS) writable.
-    landlock.restrict_self(writable=None if spec.strict else (spec.home, "/dev"))
+    # other jobs' files and the build cache, so there it changes files only in its home (and writes devices); in
+    # strict isolation the mounts do that already, and leave the private directories (PRIVATE_DIRS) writable.
+    landlock.restrict_self(home=None if spec.strict else spec.home)
     syscall_filter.install()
     # Set after the uid change, which clears it: the worker dies with the service.
     _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
