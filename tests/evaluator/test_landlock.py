@@ -13,10 +13,22 @@ import pytest
 from services.evaluator import landlock
 from tests.servers import REPO
 
+# Prints whether `attempt` worked, or the errno it failed with; the scripts below run it in their domains.
+REPORTS_WHAT_WORKED = textwrap.dedent(
+    """
+    def worked(what, attempt):
+        try:
+            attempt()
+            print(what, "ok")
+        except OSError as error:
+            print(what, error.errno)
+    """
+)
+
 # In a domain of the given version's kind: moves a file into another directory, connects to a TCP port listening
 # on loopback and binds one, opens the memory of a child it started itself and of an outside process, signals both,
 # and prints what worked.
-IN_A_DOMAIN = textwrap.dedent(
+IN_A_DOMAIN = REPORTS_WHAT_WORKED + textwrap.dedent(
     """
     import ctypes, os, socket, subprocess, sys, tempfile
     from services.evaluator import landlock
@@ -26,13 +38,6 @@ IN_A_DOMAIN = textwrap.dedent(
     listener = socket.create_server(("127.0.0.1", 0))  # bound before the domain is entered
     print("version", landlock.restrict_self(int(sys.argv[1])))
     inside = subprocess.Popen(["sleep", "60"])
-
-    def worked(what, attempt):
-        try:
-            attempt()
-            print(what, "ok")
-        except OSError as error:
-            print(what, error.errno)
 
     with tempfile.TemporaryDirectory() as home:
         os.mkdir(f"{home}/a")
@@ -83,7 +88,7 @@ def test_a_domain_keeps_its_processes_from_the_outside_and_lets_them_move_files(
 
 # In a domain that changes files only beneath the job's home (argv[1]), as a `process`-isolation worker's: what it
 # can do in its home, to a file and a directory outside it (argv[2]), and in /dev; prints what worked.
-WRITING_IN_A_DOMAIN = textwrap.dedent(
+WRITING_IN_A_DOMAIN = REPORTS_WHAT_WORKED + textwrap.dedent(
     """
     import ctypes, os, socket, sys
     from services.evaluator import landlock
@@ -91,13 +96,6 @@ WRITING_IN_A_DOMAIN = textwrap.dedent(
     home, outside = sys.argv[1], sys.argv[2]
     ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
     print("version", landlock.restrict_self(home=home))
-
-    def worked(what, attempt):
-        try:
-            attempt()
-            print(what, "ok")
-        except OSError as error:
-            print(what, error.errno)
 
     def write(path, mode="w"):
         with open(path, mode) as handle:
