@@ -19,21 +19,20 @@ it scopes, and why it is here:
 - TCP (ABI 4, Linux 6.7): no bind and no connect. In `strict` isolation a job's network namespace has no interface
   up, so nothing changes there; in `process` isolation a red-team job called its own service's HTTP API on
   127.0.0.1 (no token is needed on loopback), and any other evaluator's on the host.
-- writes (`process` isolation only): files and directories are made, written, truncated, removed, renamed or
-  linked only beneath the job's home; beneath `/dev` what exists (devices) may be written, nothing made. There the
-  service, the build cache, other jobs' directories and perhaps the service's own installation belong to the
-  job's uid: red-team jobs rewrote every library in the build cache and planted files where another worker's
-  inputs go. A file made in `/dev/shm` would outlive the job (a red-team job left 300 MiB there that no limit
-  counted, and later jobs read it), so POSIX shared memory and semaphores (multiprocessing's locks) fail; POSIX
-  message queues, made by a call of their own, are not refused (the kernel bounds their bytes per uid). In `strict` isolation the
-  mounts already keep everything outside the home and the private directories read-only, and the domain handles
-  no filesystem access there. Reads stay what uids and mounts make them. A domain that handles any filesystem
-  access also refuses every rename or link into another directory (EXDEV) unless a rule grants that (`REFER`), and
-  caches and builds write files aside and move them into place: the rules beneath the home grant it. Without write
-  rules, the domain handles scopes and TCP alone from ABI 6; before it (ABI 2 to 5) it handles `REFER` too (a
-  domain must handle something before ABI 4) and grants it beneath `/`. ABI 1 has no `REFER`, and there, as
-  without Landlock (an older kernel, or one booted without it), workers get no domain: `/health` says so
-  (`details.landlock_abi` 0).
+- writes (`process` isolation only): files and directories are made, written, truncated, removed, renamed or linked
+  only beneath the job's home; beneath `/dev` what exists (devices) may be written, nothing made. There the service,
+  the build cache, other jobs' directories and perhaps the service's own installation belong to the job's uid:
+  red-team jobs rewrote every library in the build cache and planted files where another worker's inputs go. A file
+  made in `/dev/shm` would outlive the job (a red-team job left 300 MiB there that no limit counted, and later jobs
+  read it), so POSIX shared memory and semaphores (multiprocessing's locks) fail; POSIX message queues, made by a
+  call of their own, are not refused (the kernel bounds their bytes per uid). In `strict` isolation the mounts
+  already keep everything outside the home and the private directories read-only, and the domain handles no
+  filesystem access there. Reads stay what uids and mounts make them. A domain that handles any filesystem access
+  also refuses every rename or link into another directory (EXDEV) unless a rule grants that (`REFER`), and caches
+  and builds write files aside and move them into place: the rules beneath the home grant it. Without write rules,
+  the domain handles scopes and TCP alone from ABI 6; before it (ABI 2 to 5) it handles `REFER` too (a domain must
+  handle something before ABI 4) and grants it beneath `/`. ABI 1 has no `REFER`, and there, as without Landlock (an
+  older kernel, or one booted without it), workers get no domain: `/health` says so (`details.landlock_abi` 0).
 """
 
 from __future__ import annotations
