@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -199,11 +200,14 @@ def test_a_split_built_timeout_is_rebuilt_whole_with_the_whole_limit(
 def test_a_whole_run_that_hangs_after_a_quick_split_run_is_a_timeout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Wrong at once in the first process that runs it; in any later one (the whole run) it hangs until the limit.
-    marker = tmp_path / "first-pid"
+    # Wrong at once in the first process that runs it; in any later one (the whole run) it hangs until the limit. The
+    # two runs share a file the test makes in /dev/shm: a process-isolation job may write an existing file there, and
+    # nothing outside its home it would make.
+    marker = Path(tempfile.mkstemp(prefix="ka-first-pid-", dir="/dev/shm")[1])
+    marker.chmod(0o666)
     candidate = sources.candidate(
         f"""
-if not os.path.exists({str(marker)!r}):
+if not open({str(marker)!r}).read():
     with open({str(marker)!r}, "w") as handle:
         handle.write(str(os.getpid()))
 while open({str(marker)!r}).read() != str(os.getpid()):
@@ -212,7 +216,10 @@ return x.clamp_min(0) * (self.scale + 1)
 """,
         prelude="import os",
     )
-    result, runs = _evaluate(tmp_path, monkeypatch, candidate, "split", timeout_s=40)
+    try:
+        result, runs = _evaluate(tmp_path, monkeypatch, candidate, "split", timeout_s=40)
+    finally:
+        marker.unlink()
     assert runs == [True, False]
     assert result.status is EvaluationStatus.timeout, result.message  # the whole run's verdict, as with splits off
     assert result.build_path == "fallback" and result.phases_s["split_run"] > 0
