@@ -773,8 +773,6 @@ class Judge:
         path = await asyncio.to_thread(build_cache.cached_library, cache_dir, key, not self.pool.strict)
         if path is not None:
             self.run_state.cache_hits += 1
-            recorded = await asyncio.to_thread(build_cache.recorded_build_path, cache_dir, key, split_asked)
-            self.run_state.build_paths.append(recorded)
         else:
             try:
                 path, parts = await self.evaluator.shared(
@@ -783,10 +781,10 @@ class Judge:
             except build_cache.BuildFailedError as error:
                 self.run_state.build_paths.append(error.build_path)
                 return {"error": str(error)}
-            recorded = await asyncio.to_thread(build_cache.recorded_build_path, cache_dir, key, split_asked)
-            self.run_state.build_paths.append(recorded)
             for part, seconds in parts.items():
                 self.run_state.phases[f"build_{part}"] = self.run_state.phases.get(f"build_{part}", 0.0) + seconds
+        recorded = await asyncio.to_thread(build_cache.recorded_build_path, cache_dir, key, split_asked)
+        self.run_state.build_paths.append(recorded)
         return {"path": str(path), "name": build_cache.library_name(key)}
 
     async def _run_builder(

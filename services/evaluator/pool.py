@@ -677,9 +677,10 @@ class WorkerPool:
                 if worker_end is not None:
                     worker_end.close()
         os.close(write_fd)
-        self._spawned[proc.pid] = proc
-        if not self.strict and self._orphan_sweep is None:
-            self._orphan_sweep = asyncio.create_task(self._sweep_orphans())
+        if not self.strict:  # pruned by the sweep, which strict isolation does not run
+            self._spawned[proc.pid] = proc
+            if self._orphan_sweep is None:
+                self._orphan_sweep = asyncio.create_task(self._sweep_orphans())
         if handover is not None:
             handover.setblocking(False)
         if os.geteuid() == 0:
