@@ -541,6 +541,11 @@ def enter(spec: SandboxSpec) -> None:
     # other jobs' files and the build cache, so there it changes files only in its home (and writes devices); in
     # strict isolation the mounts do that already, and leave the private directories (PRIVATE_DIRS) writable.
     landlock.restrict_self(home=None if spec.strict else spec.home)
+    if not spec.strict:
+        # The job's orphans stay in its worker's process tree, which the judge stops during the reference's turns
+        # and kills after the job (strict isolation's go to pid 1 of its namespace). The filter then keeps the job
+        # from clearing this, and from putting a process directly under the service (CLONE_PARENT).
+        _check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
     syscall_filter.install()
     # Set after the uid change, which clears it: the worker dies with the service.
     _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
@@ -853,9 +858,9 @@ def adopt_orphans() -> None:
 def kill_escaped(workers: set[int]) -> list[int]:
     """Kill every child of this process that runs under more seccomp filters than it does but is none of `workers`,
     with all its descendants, and reap it: a job's process re-parented here (adopt_orphans), since only job
-    processes carry the workers' filter, which they cannot remove. Such a process left its worker's tree (a
-    daemon's double fork, or a worker that exited before its children), which the judge's stops and the kill after
-    a job follow; in `process` isolation a red-team daemon so outlived its job, holding 60,000 open files. Nothing
+    processes carry the workers' filter, which they cannot remove. Such a process left its worker's tree, which the
+    judge's stops and the kill after a job follow, when its worker exited before it (a worker keeps its job's other
+    orphans: enter); before workers did, a red-team daemon so outlived its job, holding 60,000 open files. Nothing
     else reaps these children, so their pids cannot be reused before this does. Returns the pids killed."""
     own = _seccomp_filters("self")
     escaped = [pid for pid in _children_of_self() - workers if _seccomp_filters(str(pid)) > own]

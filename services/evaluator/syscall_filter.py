@@ -1,6 +1,6 @@
 """A seccomp filter every worker installs last in sandbox.enter(): sockets of the unix and inet families only; no
 io_uring, perf events, BPF, userfaultfd or kernel keys; no new user namespace; no extended attributes set; no
-limits, priorities or scheduling set for another process; no file leases.
+limits, priorities or scheduling set for another process; no file leases; no way out of the worker's process tree.
 
 Why, call by call (each found by a red-team candidate, or a way to what one found):
 - netlink sockets: their receive queues hold kernel memory that no memory cgroup is charged for and that no
@@ -30,6 +30,12 @@ Why, call by call (each found by a red-team candidate, or a way to what one foun
   the build cache's libraries and on the reference's saved files: the service's event loop stalled for 45 s on a
   cache hit, and every later evaluation that ran a reference ended `evaluator_error`. In `strict` isolation a job
   owns its saved outputs, which the service opens. No kernel benchmark needs a lease: EPERM.
+- a process out of the worker's process tree (clone with CLONE_PARENT, which makes the worker's parent, the service,
+  the new process's; prctl PR_SET_CHILD_SUBREAPER, which would clear the flag that keeps a `process`-isolation
+  worker's orphans its own, sandbox.enter): the judge stops a job by its worker's tree, and in `process` isolation a
+  red-team helper kept a double-forked process outside it, re-parented to the service, that spun while the
+  candidate was stopped and slowed the reference's turns until the service's sweep killed it: `correct` at 1.6-2.8x
+  for a copy of the reference. EPERM.
 - user namespaces (clone or unshare with CLONE_NEWUSER; clone3, whose flags sit in memory a filter cannot read,
   fails with ENOSYS and the C library falls back to clone, as under Docker's default profile): inside one a job
   holds every capability over its own namespaces, the kernel surface most privilege escalations have gone through.
@@ -59,6 +65,8 @@ LOAD_WORD, JUMP_IF_EQUAL, JUMP_IF_AT_LEAST, JUMP_IF_ANY_BIT, RETURN = 0x20, 0x15
 NR_OFFSET, ARCH_OFFSET, FIRST_ARGUMENT_OFFSET, SECOND_ARGUMENT_OFFSET = 0, 4, 16, 24
 X32_SYSCALL_BIT = 0x40000000
 CLONE_NEWUSER = 0x10000000
+CLONE_PARENT = 0x00008000
+PR_SET_CHILD_SUBREAPER = 36
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,7 @@ class Machine:
     setpriority: int
     ioprio_set: int
     fcntl: int  # refused with F_SETLEASE
+    prctl: int  # refused with PR_SET_CHILD_SUBREAPER
 
 
 MACHINES = {
@@ -93,6 +102,7 @@ MACHINES = {
         141,
         251,
         72,
+        157,
     ),
     "aarch64": Machine(
         0xC00000B7,
@@ -105,6 +115,7 @@ MACHINES = {
         140,
         30,
         25,
+        167,
     ),
 }
 PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
@@ -139,12 +150,12 @@ def program(machine: str) -> list[tuple[int, int, int, int]]:
     last = len(calls.xattr_setters) - 1
     instructions += [(JUMP_IF_EQUAL, last - i, int(i == last), nr) for i, nr in enumerate(calls.xattr_setters)]
     instructions.append((RETURN, 0, 0, SECCOMP_RET_ERRNO | errno.ENOTSUP))
-    # clone or unshare with CLONE_NEWUSER in their flags (the first argument of both): EPERM.
+    # clone or unshare with CLONE_NEWUSER or CLONE_PARENT in their flags (the first argument of both): EPERM.
     instructions += [
         (JUMP_IF_EQUAL, 1, 0, calls.clone),
         (JUMP_IF_EQUAL, 0, 3, calls.unshare),
         (LOAD_WORD, 0, 0, FIRST_ARGUMENT_OFFSET),
-        (JUMP_IF_ANY_BIT, 0, 1, CLONE_NEWUSER),
+        (JUMP_IF_ANY_BIT, 0, 1, CLONE_NEWUSER | CLONE_PARENT),
         (RETURN, 0, 0, SECCOMP_RET_ERRNO | errno.EPERM),
         (LOAD_WORD, 0, 0, NR_OFFSET),
     ]
@@ -168,14 +179,18 @@ def program(machine: str) -> list[tuple[int, int, int, int]]:
             not_permitted,
             allow,
         ]
-    # A file lease: EPERM.
-    instructions += [
-        (JUMP_IF_EQUAL, 0, 4, calls.fcntl),
-        (LOAD_WORD, 0, 0, SECOND_ARGUMENT_OFFSET),
-        (JUMP_IF_EQUAL, 0, 1, F_SETLEASE),
-        not_permitted,
-        allow,
-    ]
+    # A file lease, a child subreaper set or cleared: EPERM.
+    for nr, offset, refused in (
+        (calls.fcntl, SECOND_ARGUMENT_OFFSET, F_SETLEASE),
+        (calls.prctl, FIRST_ARGUMENT_OFFSET, PR_SET_CHILD_SUBREAPER),
+    ):
+        instructions += [
+            (JUMP_IF_EQUAL, 0, 4, nr),
+            (LOAD_WORD, 0, 0, offset),
+            (JUMP_IF_EQUAL, 0, 1, refused),
+            not_permitted,
+            allow,
+        ]
     # Any call but socket: allowed. socket: its family must be one of ours (each check jumps to the last "allow").
     instructions += [(JUMP_IF_EQUAL, 1, 0, calls.socket), allow, (LOAD_WORD, 0, 0, FIRST_ARGUMENT_OFFSET)]
     families = len(ALLOWED_SOCKET_FAMILIES)

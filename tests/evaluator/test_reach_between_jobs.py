@@ -639,3 +639,109 @@ def _none_within(seconds: float, find: Callable[[], list[psutil.Process]]) -> bo
             return False
         time.sleep(0.05)
     return True
+
+
+# At import a double fork leaves a sleeping grandchild; every call checks that the worker is still its parent (the
+# worker is the subreaper of its job's orphans) and raises with what it found if not.
+KEEPS_AN_ORPHAN = sources.candidate(
+    """
+try:
+    parent = int(open(f"/proc/{_ORPHAN}/stat").read().rsplit(")", 1)[1].split()[1])
+except OSError:
+    parent = None
+if parent != os.getpid():
+    raise RuntimeError(f"ESCAPED: the orphan's parent is {parent}, the worker {os.getpid()}")
+return x.clamp_min(0) * self.scale
+""",
+    prelude="""
+import os, time
+_read, _write = os.pipe()
+if os.fork() == 0:
+    _grandchild = os.fork()
+    if _grandchild == 0:
+        time.sleep(600)
+        os._exit(0)
+    os.write(_write, str(_grandchild).encode())
+    os._exit(0)
+_ORPHAN = int(os.read(_read, 64))
+time.sleep(0.1)  # its parent has exited: it is re-parented by now
+""",
+)
+
+
+def test_a_job_s_orphans_stay_in_its_worker_s_tree(process_client: httpx.Client) -> None:
+    """Process isolation: each worker is the subreaper of its job's orphans, so a double-forked process stays where
+    the judge's stops reach it (before, it went to the service and ran on until the sweep killed it)."""
+    result = evaluate(process_client, KEEPS_AN_ORPHAN)
+    assert result["status"] == "correct", result["message"]
+
+
+# A red-team candidate that computes what HEAVY_REFERENCE does (honestly about 1.0x) with a helper in its tree that
+# always keeps one double-forked process outside it, whose four spinners burn the CPU whenever the candidate's
+# worker is stopped (the reference's turn); each such process lived until the service's next sweep.
+ESCAPEE_HOG_HELPER = r"""
+import os, sys, time
+worker = int(sys.argv[1])
+
+def state(pid):
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "X"
+
+def spin_while_the_worker_is_stopped():
+    for _ in range(3):
+        if os.fork() == 0:
+            break
+    while state(worker) not in ("X", "Z"):
+        if state(worker) == "T":
+            for _ in range(3000):
+                pass
+        else:
+            time.sleep(0.001)
+    os._exit(0)
+
+current = None
+while state(worker) not in ("X", "Z"):
+    if current is None or state(current) in ("X", "Z"):
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:
+            grandchild = os.fork()
+            if grandchild == 0:
+                spin_while_the_worker_is_stopped()
+            os.write(write, str(grandchild).encode())
+            os._exit(0)
+        os.close(write)
+        current = int(os.read(read, 64))
+        os.close(read)
+        os.waitpid(child, 0)
+    time.sleep(0.003)
+"""
+HEAVY_RELU = """
+for _ in range(10):
+    x = torch.sin(x) + x * 0.5
+return torch.relu(x) * self.scale
+"""
+ESCAPEE_HOG = sources.candidate(
+    HEAVY_RELU,
+    prelude=f"""
+import os, sys
+_worker = os.getpid()
+if os.fork() == 0:
+    os.execv(sys.executable, [sys.executable, "-c", {ESCAPEE_HOG_HELPER!r}, str(_worker)])
+""",
+)
+
+
+def test_processes_out_of_the_tree_do_not_slow_the_reference(process_client: httpx.Client) -> None:
+    """Process isolation: the hog scored `correct` at 1.6-2.8x, with no flag, in 4 of 5 runs of three, against
+    0.4-1.2x for the same computation without it (a loaded 2-core host). Its spinners now stay in the worker's
+    tree, and the judge stops them with the candidate."""
+    honest = evaluate(
+        process_client, sources.candidate(HEAVY_RELU), sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240
+    )
+    top = honest["speedup"] or 1.0
+    for _ in range(3):
+        hog = evaluate(process_client, ESCAPEE_HOG, sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240)
+        assert not (hog["status"] == "correct" and (hog["speedup"] or 0) > max(1.5, 1.5 * top)), (hog, top)

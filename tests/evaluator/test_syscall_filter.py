@@ -1,6 +1,6 @@
 """The workers' seccomp filter, installed in a real process: unix and inet sockets, threads and child processes
 work; netlink and packet sockets, io_uring, perf events, kernel keys, new user namespaces, extended attributes and
-another process's limits, priorities and scheduling and file leases do not, and children inherit it."""
+another process's limits, priorities and scheduling, file leases and ways out of the process tree do not, and children inherit it."""
 
 from __future__ import annotations
 
@@ -83,6 +83,16 @@ for name, call in (
         results[name] = "ok"
     except OSError as error:
         results[name] = errno.errorcode[error.errno]
+# Out of the caller's process tree: a child of its parent (CLONE_PARENT, with the signal a fork sends), or the
+# subreaper flag set or cleared; reading the flag still works.
+import signal
+child = libc.syscall(calls.clone, 0x00008000 | signal.SIGCHLD, 0, 0, 0, 0)
+if child == 0:
+    os._exit(0)  # the filter let it through: a child of the test, gone at once
+results["clone_parent"] = "ok" if child > 0 else errno.errorcode[ctypes.get_errno()]
+results["set_subreaper"] = "ok" if libc.prctl(36, 0, 0, 0, 0) == 0 else errno.errorcode[ctypes.get_errno()]
+flag = ctypes.c_int(-1)
+results["get_subreaper"] = "ok" if libc.prctl(37, ctypes.byref(flag), 0, 0, 0) == 0 else errno.errorcode[ctypes.get_errno()]
 ran = []
 thread = threading.Thread(target=ran.append, args=(1,))
 thread.start(); thread.join()
@@ -118,3 +128,5 @@ def test_the_filter_allows_unix_and_inet_sockets_only(tmp_path: Path) -> None:
     assert {results[name] for name in own} == {"ok"}, results
     # A lease would make the service's opens of the file wait or fail.
     assert results["lease"] == "EPERM" and results["fcntl_getfl"] == results["flock"] == "ok", results
+    # The judge stops a job by its worker's process tree: nothing may leave it.
+    assert results["clone_parent"] == results["set_subreaper"] == "EPERM" and results["get_subreaper"] == "ok", results
