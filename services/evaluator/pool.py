@@ -45,8 +45,10 @@ FLOODED = object()
 STDIO_TAIL_BYTES = 16_384
 # Nice value of workers while they start and wait idle: below every evaluation that is being timed.
 IDLE_NICE = 10
-# Process isolation: how often the service kills job processes that left their worker's tree (sandbox.kill_escaped).
+# How often the service kills and reaps job processes re-parented to it (sandbox.kill_escaped).
 ORPHAN_SWEEP_PERIOD_S = 0.25
+# How long closing the pool waits for those it kills last to exit.
+CLOSE_REAP_S = 5.0
 # A job disk of this many of the largest files a job may write, where its size is not set: the largest file beside
 # inputs (or a timer's copies of checks) of up to three such files.
 JOB_DISK_FILES = 4
@@ -485,12 +487,12 @@ class WorkerPool:
         self.memory_watch = MemoryWatch(settings.memory_limit_mb)
         self.cgroups = job_cgroup.JobCgroups.create(settings.memory_limit_mb) if settings.job_cgroups else None
         self.job_disk_mb = _job_disks(settings, strict, self.work_dir)
-        # Process isolation: no pid namespace holds a job's processes together, so those whose parent exits come to
-        # the service, which kills them (_sweep_orphans). Strict isolation's come to pid 1 of their namespace.
+        # Job processes whose parent exits come to the service, which kills and reaps them (_sweep_orphans): in
+        # process isolation those of a worker that exited first; in strict isolation pid 1 of a namespace whose
+        # relay was killed first, which would otherwise wait as a zombie for an init that may never reap it.
         self._spawned: dict[int, asyncio.subprocess.Process] = {}
         self._orphan_sweep: asyncio.Task[None] | None = None
-        if not strict:
-            sandbox.adopt_orphans()
+        sandbox.adopt_orphans()
 
     def placement(self, device: str) -> str | None:
         """The GPU an evaluation's workers share (round robin), None on CPU."""
@@ -677,10 +679,9 @@ class WorkerPool:
                 if worker_end is not None:
                     worker_end.close()
         os.close(write_fd)
-        if not self.strict:  # pruned by the sweep, which strict isolation does not run
-            self._spawned[proc.pid] = proc
-            if self._orphan_sweep is None:
-                self._orphan_sweep = asyncio.create_task(self._sweep_orphans())
+        self._spawned[proc.pid] = proc  # pruned by the sweep
+        if self._orphan_sweep is None:
+            self._orphan_sweep = asyncio.create_task(self._sweep_orphans())
         if handover is not None:
             handover.setblocking(False)
         if os.geteuid() == 0:
@@ -739,10 +740,12 @@ class WorkerPool:
                 self.uids.release(worker.uid)
 
     async def _sweep_orphans(self) -> None:
-        """Kill, four times a second, every job process re-parented to the service: out of its worker's process
-        tree, the judge's stops and the kill after its job missed it, and it outlived its job (a red-team daemon,
-        double-forked with `setsid`, held 60,000 open files after its job had ended). A worker's pid counts as one
-        until asyncio has reaped it."""
+        """Kill and reap, four times a second, every job process re-parented to the service: out of its worker's
+        process tree, the judge's stops and the kill after its job missed it, and it outlived its job (a red-team
+        daemon, double-forked with `setsid`, held 60,000 open files after its job had ended); left to an init that
+        does not reap (a CI container's, or the service itself as a container's pid 1), the zombies of killed
+        strict-isolation workers piled up and counted against their uids' process limits. A worker's pid counts as
+        one until asyncio has reaped it."""
         while True:
             self._spawned = {pid: proc for pid, proc in self._spawned.items() if proc.returncode is None}
             try:
@@ -760,6 +763,8 @@ class WorkerPool:
         for worker in workers:
             with contextlib.suppress(Exception):
                 await self._dispose(worker)
+        # What the disposed workers left (each pid 1 of its namespace, in strict isolation) is the service's now.
+        await asyncio.to_thread(sandbox.kill_escaped, set(), CLOSE_REAP_S)
         if self.job_disk_mb is not None:  # a worker whose start failed after its disk was mounted
             sandbox.detach_mounts(self.work_dir)
         remove_tree(self.work_dir)

@@ -855,23 +855,34 @@ def adopt_orphans() -> None:
     _check(_libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
 
 
-def kill_escaped(workers: set[int]) -> list[int]:
+def kill_escaped(workers: set[int], wait_s: float = 0.0) -> list[int]:
     """Kill every child of this process that runs under more seccomp filters than it does but is none of `workers`,
-    with all its descendants, and reap it: a job's process re-parented here (adopt_orphans), since only job
-    processes carry the workers' filter, which they cannot remove. Such a process left its worker's tree, which the
-    judge's stops and the kill after a job follow, when its worker exited before it (a worker keeps its job's other
-    orphans: enter); before workers did, a red-team daemon so outlived its job, holding 60,000 open files. Nothing
-    else reaps these children, so their pids cannot be reused before this does. Returns the pids killed."""
+    with all its descendants, and reap it, waiting up to `wait_s` for it to exit: a job's process re-parented here
+    (adopt_orphans), since only job processes carry the workers' filter, which they cannot remove (zombies keep
+    it). In `process` isolation such a process left its worker's tree, which the judge's stops and the kill after a
+    job follow, when its worker exited before it (a worker keeps its job's other orphans: enter); before workers
+    did, a red-team daemon so outlived its job, holding 60,000 open files. In `strict` isolation it is pid 1 of a
+    namespace whose relay died first. Nothing else reaps these children, so their pids cannot be reused before
+    this does. Returns the pids killed."""
     own = _seccomp_filters("self")
     escaped = [pid for pid in _children_of_self() - workers if _seccomp_filters(str(pid)) > own]
     killed = _stop_trees(escaped) if escaped else []
     for pid in killed:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    for pid in escaped:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)  # a zombie from an earlier call, or this one's if it died already
-    return killed
+    deadline = time.monotonic() + wait_s
+    while True:
+        for pid in list(escaped):
+            try:
+                # A zombie from an earlier call, or this one's if it died already.
+                if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                    continue
+            except ChildProcessError:
+                pass
+            escaped.remove(pid)
+        if not escaped or time.monotonic() >= deadline:
+            return killed
+        time.sleep(0.01)
 
 
 def _stop_trees(roots: list[int], rounds: int = 50) -> list[int]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -16,8 +18,8 @@ import pytest
 from services.evaluator.pool import uid_count
 from services.evaluator.sandbox import child_env, job_pids
 from tests.evaluator import sources
-from tests.evaluator.conftest import WORKERS, evaluate, sandbox_uid_base
-from tests.servers import REPO
+from tests.evaluator.conftest import WORKERS, evaluate, sandbox_uid_base, server_env
+from tests.servers import REPO, run_service
 
 
 def sandbox_processes() -> list[psutil.Process]:
@@ -129,6 +131,44 @@ def test_fork_bomb_is_contained(client: httpx.Client, strict_only: None) -> None
     # What is left are the idle pre-spawned workers, never the forked children.
     assert len(sandbox_processes()) <= 2 * WORKERS
     evaluate_ok(client)
+
+
+# Stands in for an init that never reaps: the child subreaper of the server it starts, it waits for the server
+# alone, then writes the zombies its children left (pid, real uid) to argv[1]. The group's SIGTERM is the server's.
+NON_REAPING_INIT = """
+import ctypes, json, os, signal, subprocess, sys, time
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
+server = subprocess.Popen(sys.argv[2:])
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+code = server.wait()
+time.sleep(1)
+zombies = []
+for task in os.listdir("/proc/self/task"):
+    for pid in open(f"/proc/self/task/{task}/children").read().split():
+        status = open(f"/proc/{pid}/status").read()
+        if "State:\tZ" in status:
+            zombies.append((int(pid), int(status.split("Uid:")[1].split()[0])))
+with open(sys.argv[1], "w") as report:
+    json.dump(zombies, report)
+sys.exit(code)
+"""
+
+
+def test_the_service_reaps_its_killed_workers(tmp_path: Path, strict_only: None) -> None:
+    """Killing a worker kills its relay and pid 1 of its namespace together; pid 1, orphaned, comes to the service,
+    which reaps it, rather than to an init that may not (a CI container's did not: a zombie per job, each counted
+    against its uid's process limit, failed the fork-bomb test above). The server runs under a stand-in for such an
+    init, which reports what was left to it, at shutdown too."""
+    report = tmp_path / "zombies.json"
+    base = sandbox_uid_base() + 3600
+    env = server_env(tmp_path / "cache", EVALUATOR_SANDBOX_UID_BASE=str(base))
+    prefix = [sys.executable, "-c", NON_REAPING_INIT, str(report)]
+    with run_service("evaluator", env=env, prefix=prefix) as url, httpx.Client(base_url=url, timeout=600) as http:
+        for candidate, status in ((sources.CORRECT, "correct"), (sources.INFINITE_LOOP, "timeout")):
+            result = evaluate(http, candidate, timeout_s=20)
+            assert result["status"] == status, result["message"]
+    left = json.loads(report.read_text())
+    assert not [pid for pid, uid in left if base <= uid < base + uid_count(WORKERS)], left
 
 
 def evaluate_ok(client: httpx.Client) -> None:
