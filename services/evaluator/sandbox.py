@@ -103,6 +103,8 @@ PF_EXITING = 0x4
 # How long stopping a job may take before the job is taken for one that resists it (an honest job takes milliseconds;
 # an exit that frees a large address space, a fraction of a second).
 STOP_SETTLE_S = 5.0
+# A thread's context switches in /proc/<pid>/task/<tid>/status: they move whenever it runs.
+CONTEXT_SWITCHES = re.compile(rb"^(?:non)?voluntary_ctxt_switches:\s*(\d+)", re.MULTILINE)
 
 # Variables a worker may inherit: locale, search paths and the knobs compilers and CUDA need.
 ENV_ALLOW = frozenset(
@@ -769,34 +771,47 @@ class UnstoppableJobError(RuntimeError):
     """A job's processes did not all come to a stop within STOP_SETTLE_S."""
 
 
-def _settled(pid: int) -> bool:
-    """Whether no thread of `pid` can run user code again unless it is sent SIGCONT: each is stopped, a zombie, gone,
-    or waiting in the kernel (a vfork parent) and not exiting. An exiting thread cannot be stopped, and its exit can
-    resume others: the kernel sends SIGHUP and SIGCONT to a process group that the exit leaves orphaned with stopped
+def _stop_marks(pids: list[int]) -> dict[int, tuple[int, ...]] | None:
+    """Whether the job holds still: every thread of `pids` settled (stopped, a zombie, gone, or waiting in the kernel
+    and not exiting) and none with a child outside `pids`. Then each thread's context switches so far (by thread
+    id), which move whenever it runs; else None. An exiting thread cannot be stopped, and its exit can resume
+    others: the kernel sends SIGHUP and SIGCONT to a process group that the exit leaves orphaned with stopped
     members."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return True  # gone
-    for tid in tids:
+    known = set(pids)
+    marks: dict[int, tuple[int, ...]] = {}
+    for pid in pids:
         try:
-            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as handle:
-                # After the command name: state, ppid, pgrp, session, tty_nr, tpgid, flags, ...
-                fields = handle.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # exited meanwhile
-        state, flags = fields[0], int(fields[6])
-        if state not in b"ZXTtD" or (state in b"TtD" and flags & PF_EXITING):
-            return False
-    return True
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue  # gone
+        for tid in tids:
+            task = f"/proc/{pid}/task/{tid}"
+            try:
+                with open(f"{task}/stat", "rb") as handle:
+                    # After the command name: state, ppid, pgrp, session, tty_nr, tpgid, flags, ...
+                    fields = handle.read().rsplit(b")", 1)[1].split()
+                with open(f"{task}/status", "rb") as handle:
+                    switches = tuple(int(count) for count in CONTEXT_SWITCHES.findall(handle.read()))
+                with open(f"{task}/children", "rb") as handle:
+                    children = {int(child) for child in handle.read().split()}
+            except (OSError, IndexError):
+                continue  # exited meanwhile
+            state, flags = fields[0], int(fields[6])
+            if state not in b"ZXTtD" or (state in b"TtD" and flags & PF_EXITING) or children - known:
+                return None
+            marks[int(tid)] = switches
+    return marks
 
 
 def signal_job(uid: int | None, root_pid: int, signum: int, signaller: UidSignaller | None = None) -> list[int]:
     """Send `signum` to every process of a worker's job; the pids found and signalled.
 
-    A SIGSTOP returns once every process found is settled (`_settled`), sent again while one is not: processes of
-    the job that were still running while the stop went round can resume those already stopped (kill(-1, SIGCONT)
-    in a loop, or an exit that orphans a stopped process group). A job not settled within STOP_SETTLE_S raises
+    A SIGSTOP returns once the job holds still (`_stop_marks`) in two reads in a row with no thread run between,
+    sent again while it does not: processes of the job that were still running while the stop went round can
+    resume those already stopped (kill(-1, SIGCONT) in a loop, or an exit that orphans a stopped process group).
+    One read is no instant: a process read as stopped can be resumed by one read later, stopped by then (a CI run of
+    test_uid_signals.py saw a stop return with the job running, 1 in 300). Two reads with no switch between saw every thread stopped at once, at the
+    end of the first, and nothing stopped resumes anything. A job not settled within STOP_SETTLE_S raises
     UnstoppableJobError."""
     deadline = time.monotonic() + STOP_SETTLE_S
     while True:
@@ -805,7 +820,8 @@ def signal_job(uid: int | None, root_pid: int, signum: int, signaller: UidSignal
             return pids
         for pause_s in (0.0, 0.0005, 0.002, 0.005):  # threads that were running take a moment to stop
             time.sleep(pause_s)
-            if all(_settled(pid) for pid in pids):
+            marks = _stop_marks(pids)
+            if marks is not None and _stop_marks(pids) == marks:
                 return pids
         if time.monotonic() > deadline:
             raise UnstoppableJobError(f"the job's processes did not all stop within {STOP_SETTLE_S:g} s")

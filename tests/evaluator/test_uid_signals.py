@@ -214,7 +214,9 @@ def test_a_stop_outlasts_an_exit_that_resumes_an_orphaned_group(signaller: UidSi
 
 def test_a_stop_outlasts_processes_that_resume_each_other(signaller: UidSignaller) -> None:
     """Processes sending SIGCONT to their whole uid in a loop, while the stop goes round, resume those it already
-    stopped (a red-team pass: 1 stop in 25 left one running)."""
+    stopped (a red-team pass: 1 stop in 25 left one running); and while the check that they stopped goes round,
+    those it already read (1 stop in 300 in a CI run, before a second read had to find no thread run; its kill(-1)
+    calls were slow there: REAPER)."""
     uid = sandbox_uid_base() + 4005
     resumers = [start_as(uid, RESUMER) for _ in range(3)]
     try:
