@@ -83,11 +83,31 @@ def uid_processes(uid: int) -> list[psutil.Process]:
     ]
 
 
-def start_as(uid: int, code: str, *args: str, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
-    """`code` run under `uid` (the interpreter starts as root: it may live where other uids cannot read)."""
+# Runs argv[1:] under a root parent that reaps every process orphaned below it, until none is left: where init
+# reaps nothing (a CI container's), each exited hop stayed a zombie, tens of thousands of them, and every kill(-1)
+# walked them all (the later tests' resumers then stayed inside it long enough to undo nearly every stop).
+REAPER = """
+import ctypes, os, sys
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
+if os.fork() == 0:
+    os.execv(sys.argv[1], sys.argv[1:])
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        break
+"""
+
+
+def start_as(
+    uid: int, code: str, *args: str, pass_fds: tuple[int, ...] = (), reaped: bool = False
+) -> subprocess.Popen[bytes]:
+    """`code` run under `uid` (the interpreter starts as root: it may live where other uids cannot read); below a
+    root process that reaps its orphans (REAPER) if `reaped`, which is then the process returned."""
     drop = "import os, signal, sys\nos.setgroups([]); os.setgid(int(sys.argv[1])); os.setuid(int(sys.argv[1]))\n"
+    reaper = [sys.executable, "-I", "-S", "-c", REAPER] if reaped else []
     return subprocess.Popen(
-        [sys.executable, "-I", "-S", "-c", drop + code, str(uid), *args],
+        [*reaper, sys.executable, "-I", "-S", "-c", drop + code, str(uid), *args],
         pass_fds=pass_fds,
         start_new_session=True,
         cwd="/",
@@ -107,7 +127,7 @@ def test_a_job_that_keeps_forking_new_pids_is_stopped_resumed_and_killed(
     uid = sandbox_uid_base() + 4001
     log = tmp_path / "hops"
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    proc = start_as(uid, HOPPER, str(fd), pass_fds=(fd,))
+    proc = start_as(uid, HOPPER, str(fd), pass_fds=(fd,), reaped=True)
     os.close(fd)
     try:
         deadline = time.monotonic() + 30
@@ -117,7 +137,7 @@ def test_a_job_that_keeps_forking_new_pids_is_stopped_resumed_and_killed(
         for _ in range(5):
             stopped = signal_job(uid, proc.pid, signal.SIGSTOP, signaller)
             assert not grows(log, 0.3), "a process of the job ran on after the stop"
-            # Exited hoppers wait as zombies for init to reap them; every other process of the job is stopped.
+            # Exited hoppers wait as zombies for the stopped reaper; every other process of the job is stopped.
             assert {p.info["status"] for p in uid_processes(uid)} == {psutil.STATUS_STOPPED}
             assert stopped
             signal_job(uid, proc.pid, signal.SIGCONT, signaller)
