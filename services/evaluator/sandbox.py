@@ -69,7 +69,6 @@ MOUNT_OPTION_FLAGS = {
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
-PR_SET_CHILD_SUBREAPER = 36
 # Shared scratch places replaced by an empty, small tmpfs (of this many MiB) in strict isolation.
 PRIVATE_TMPFS = ("/tmp", "/var/tmp", "/dev/shm")
 PRIVATE_TMPFS_MB = 64
@@ -547,7 +546,7 @@ def enter(spec: SandboxSpec) -> None:
         # The job's orphans stay in its worker's process tree, which the judge stops during the reference's turns
         # and kills after the job (strict isolation's go to pid 1 of its namespace). The filter then keeps the job
         # from clearing this, and from putting a process directly under the service (CLONE_PARENT).
-        _check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
+        adopt_orphans()
     syscall_filter.install()
     # Set after the uid change, which clears it: the worker dies with the service.
     _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
@@ -866,9 +865,10 @@ def kill_all(uid: int | None, root_pid: int, signaller: UidSignaller | None = No
 
 
 def adopt_orphans() -> None:
-    """Make the calling process (the service, in `process` isolation) the child subreaper of every process it
-    starts: a descendant whose parent exits is re-parented to it rather than to init, where kill_escaped finds it."""
-    _check(_libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
+    """Make the calling process (the service, or a `process`-isolation worker) the child subreaper of every process
+    it starts: a descendant whose parent exits is re-parented to it rather than to init (in the service, where
+    kill_escaped finds it)."""
+    _check(_libc().prctl(syscall_filter.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
 
 
 def kill_escaped(workers: set[int], wait_s: float = 0.0) -> list[int]:
