@@ -1246,8 +1246,11 @@ class Judge:
         any of its processes running then (a timer or another source that sends SIGCONT; an exit that orphans a
         stopped process group): it would then run beside the other side's block, or after the judge read its
         clock."""
-        if any(now.get(pid, seconds) - seconds > RAN_WHILE_STOPPED_S for pid, seconds in at_stop.items()):
-            self.run_state.flags["result_tampering"] = "a process of the job ran while the judge held it stopped"
+        ran_s = max((now.get(pid, seconds) - seconds for pid, seconds in at_stop.items()), default=0.0)
+        if ran_s > RAN_WHILE_STOPPED_S:
+            self.run_state.flags["result_tampering"] = (
+                f"a process of the job ran while the judge held it stopped ({ran_s * 1e3:.1f} ms of CPU)"
+            )
 
     async def _check(self, candidate: Worker, call: int, committed: str | None, held_hash: str | None) -> bool:
         """Ask for one call's output of the last block and have the reference's timer compare it with its own output

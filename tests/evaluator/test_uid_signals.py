@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from services.evaluator.evaluation import RAN_WHILE_STOPPED_S
 from services.evaluator.sandbox import PF_EXITING, UidSignaller, kill_all, signal_job
 from tests.evaluator.conftest import sandbox_uid_base
 
@@ -81,6 +83,16 @@ def uid_processes(uid: int) -> list[psutil.Process]:
         # A zombie or a process the kernel is reaping (state X, seen once in a full run) runs nothing.
         if p.info["uids"] and p.info["uids"].real == uid and p.info["status"] not in GONE
     ]
+
+
+# Writes 64 MB at the start of the file open as fd argv[2] without end. Each write takes the file's lock (uninterruptibly:
+# state D while another writer holds it), then copies in the kernel for milliseconds, where no stop interrupts it.
+LOCKED_WRITER = """
+chunk = b"x" * (64 << 20)
+fd = int(sys.argv[2])
+while True:
+    os.pwrite(fd, chunk, 0)
+"""
 
 
 # Runs argv[1:] under a root parent that reaps every process orphaned below it, until none is left: where init
@@ -251,3 +263,45 @@ def test_a_stop_outlasts_processes_that_resume_each_other(signaller: UidSignalle
         kill_all(uid, resumers[0].pid, signaller)
         for resumer in resumers:
             resumer.wait()
+
+
+def test_a_stop_waits_for_kernel_work_that_waited_for_a_lock(signaller: UidSignaller) -> None:
+    """A thread waiting in the kernel (state D) for a lock can go on to work there for milliseconds once it has it,
+    whatever stop it has pending: here a write waiting for its file's lock, which the test's own longer writes hold
+    most of the time. Stops had taken such a thread for stopped; the job then used CPU after the stop returned, and
+    the judge rejected honest candidates for result_tampering in CI (one was found to wait for its address space's
+    lock, held by a reader of its /proc files: munmap then freed hundreds of MB)."""
+    uid = sandbox_uid_base() + 4006
+    shared = os.memfd_create("shared")  # in memory, whatever /dev/shm's size
+    try:
+        job = start_as(uid, LOCKED_WRITER, str(shared), pass_fds=(shared,))
+        done = threading.Event()
+
+        def hold_the_lock() -> None:
+            chunk = b"y" * (256 << 20)
+            while not done.is_set():
+                os.pwrite(shared, chunk, 0)
+
+        writer = threading.Thread(target=hold_the_lock)
+        writer.start()
+        clock = ((~job.pid) << 3) | 2  # the job's CPUCLOCK_SCHED clock id
+        try:
+            time.sleep(0.5)
+            ran_ms = []
+            for _ in range(30):
+                signal_job(uid, job.pid, signal.SIGSTOP, signaller)
+                at_stop = time.clock_gettime(clock)
+                time.sleep(0.3)
+                used_s = time.clock_gettime(clock) - at_stop
+                if used_s > RAN_WHILE_STOPPED_S:
+                    ran_ms.append(round(used_s * 1e3, 1))
+                signal_job(uid, job.pid, signal.SIGCONT, signaller)
+                time.sleep(0.05)
+            assert not ran_ms, f"CPU the job used after its stop returned (ms): {ran_ms}"
+        finally:
+            done.set()
+            writer.join()
+            kill_all(uid, job.pid, signaller)
+            job.wait()
+    finally:
+        os.close(shared)
