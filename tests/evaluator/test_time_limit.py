@@ -69,11 +69,15 @@ def test_time_spent_before_timing_does_not_buy_not_timed(client: httpx.Client) -
 
 
 def test_a_candidate_right_only_in_its_trials_is_stale_whatever_time_is_left(client: httpx.Client) -> None:
-    # Time short by its own doing: it is timed, and its warm-up's digest or its timed blocks show the zeros. 4 s are
-    # left for its start, trials and warm-up, less than a round with its margin at the reference's pace needs; with
-    # 2.2 s the slow CI machine ended it at the limit before its trials' outputs were written.
-    dawdler = busy("ModelNew", 0.1, prelude="time.sleep(10)", first=ZEROS_AFTER_ITS_TRIALS)
-    result = evaluate(client, dawdler, reference=busy("Model", 0.1), timeout_s=14, seed=4324)
+    # Time short by its own doing: it is timed, and its warm-up's digest or its timed blocks show the zeros. After
+    # its 10 s at import about 5 s are left: more than its trials and both warm-ups need (about 1.5 s at 0.3 s a
+    # call), less than the 10 s a round at the reference's pace needs with its margin. The reference's run is made
+    # first, so that it takes nothing of that time: on the slow CI machine, with a 2.2 s window, the reference's
+    # run and a worker's start under load ended it at the limit before its trials' outputs were written.
+    reference = busy("Model", 0.3)
+    assert evaluate(client, busy("ModelNew", 0.3), reference=reference, seed=4324)["status"] == "correct"
+    dawdler = busy("ModelNew", 0.3, prelude="time.sleep(10)", first=ZEROS_AFTER_ITS_TRIALS)
+    result = evaluate(client, dawdler, reference=reference, timeout_s=17, seed=4324)
     assert result["status"] == "rejected" and "stale_output" in result["flags"], result["message"]
     # A limit really too short for the reference: not timed, but the set it has not seen is still checked.
     short = busy("ModelNew", 0.6, first=ZEROS_AFTER_ITS_TRIALS)
