@@ -104,10 +104,10 @@ PF_EXITING = 0x4
 STOP_SETTLE_S = 5.0
 # How long a stop waits for a thread waiting in the kernel (state D) to stop before taking it as settled. Such a wait
 # can end in kernel work that no stop interrupts: a munmap that waited for the address space's lock (held by
-# whoever reads the job's /proc files, the judge among them) then freed hundreds of MB, and the judge's clock saw
-# the job run for milliseconds after its stop returned (an honest candidate rejected for result_tampering, twice in
-# CI). A thread that stays there is held by something the stop also holds (a vfork parent, until its stopped child
-# runs).
+# whoever reads the job's /proc files, the judge among them) went on to free 256 MB, and in 6 stops of 300 here the
+# job used over 2 ms of CPU after its stop returned, which the judge takes for a job resumed behind its back
+# (result_tampering; the likely cause of two honest candidates rejected so in CI). A thread that stays there is held
+# by something the stop also holds (a vfork parent, until its stopped child runs).
 STOP_WAITING_S = 0.5
 # A thread's context switches in /proc/<pid>/task/<tid>/status: they move whenever it runs.
 CONTEXT_SWITCHES = re.compile(rb"^(?:non)?voluntary_ctxt_switches:\s*(\d+)", re.MULTILINE)
@@ -780,9 +780,9 @@ class UnstoppableJobError(RuntimeError):
 def _stop_marks(pids: list[int], waiting_settled: bool) -> dict[int, tuple[int, ...]] | None:
     """Whether the job holds still: every thread of `pids` settled (stopped, a zombie, gone, or where
     `waiting_settled`, waiting in the kernel and not exiting: STOP_WAITING_S) and none with a child outside `pids`.
-    Then each thread's context switches so far (by thread id), which move whenever it runs; else None. An exiting thread cannot be stopped, and its exit can resume
-    others: the kernel sends SIGHUP and SIGCONT to a process group that the exit leaves orphaned with stopped
-    members."""
+    Then each thread's context switches so far (by thread id), which move whenever it runs; else None. An exiting
+    thread cannot be stopped, and its exit can resume others: the kernel sends SIGHUP and SIGCONT to a process group
+    that the exit leaves orphaned with stopped members."""
     known = set(pids)
     marks: dict[int, tuple[int, ...]] = {}
     for pid in pids:
@@ -818,8 +818,8 @@ def signal_job(uid: int | None, root_pid: int, signum: int, signaller: UidSignal
     resume those already stopped (kill(-1, SIGCONT) in a loop, or an exit that orphans a stopped process group).
     One read is no instant: a process read as stopped can be resumed by one read later, stopped by then (a CI run of
     test_uid_signals.py saw a stop return with the job running, 1 in 300). Two reads with no switch between saw
-    every thread stopped at once, at the end of the first, and nothing stopped resumes anything. A job not settled within STOP_SETTLE_S raises
-    UnstoppableJobError."""
+    every thread stopped at once, at the end of the first, and nothing stopped resumes anything. A job not settled
+    within STOP_SETTLE_S raises UnstoppableJobError."""
     started = time.monotonic()
     deadline = started + STOP_SETTLE_S
     while True:

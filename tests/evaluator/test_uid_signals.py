@@ -85,8 +85,9 @@ def uid_processes(uid: int) -> list[psutil.Process]:
     ]
 
 
-# Writes 64 MB at the start of the file open as fd argv[2] without end. Each write takes the file's lock (uninterruptibly:
-# state D while another writer holds it), then copies in the kernel for milliseconds, where no stop interrupts it.
+# Writes 64 MB at the start of the file open as fd argv[2] without end. Each write takes the file's lock
+# (uninterruptibly: state D while another writer holds it), then copies in the kernel for milliseconds, where no stop
+# interrupts it.
 LOCKED_WRITER = """
 chunk = b"x" * (64 << 20)
 fd = int(sys.argv[2])
@@ -268,9 +269,10 @@ def test_a_stop_outlasts_processes_that_resume_each_other(signaller: UidSignalle
 def test_a_stop_waits_for_kernel_work_that_waited_for_a_lock(signaller: UidSignaller) -> None:
     """A thread waiting in the kernel (state D) for a lock can go on to work there for milliseconds once it has it,
     whatever stop it has pending: here a write waiting for its file's lock, which the test's own longer writes hold
-    most of the time. Stops had taken such a thread for stopped; the job then used CPU after the stop returned, and
-    the judge rejected honest candidates for result_tampering in CI (one was found to wait for its address space's
-    lock, held by a reader of its /proc files: munmap then freed hundreds of MB)."""
+    most of the time. Stops had taken such a thread for stopped, and the job then used CPU after the stop returned (21
+    stops of 30 here), which the judge takes for a job resumed behind its back (result_tampering, the likely cause of
+    two honest candidates rejected so in CI; a munmap waiting for the address-space lock that a reader of the job's
+    /proc files held did the same in 6 stops of 300)."""
     uid = sandbox_uid_base() + 4006
     shared = os.memfd_create("shared")  # in memory, whatever /dev/shm's size
     try:
