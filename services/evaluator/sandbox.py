@@ -106,8 +106,8 @@ STOP_SETTLE_S = 5.0
 # can end in kernel work that no stop interrupts: a munmap that waited for the address space's lock (held by
 # whoever reads the job's /proc files, the judge among them) went on to free 256 MB, and in 6 stops of 300 here the
 # job used over 2 ms of CPU after its stop returned, which the judge takes for a job resumed behind its back
-# (result_tampering; the likely cause of two honest candidates rejected so in CI). A thread that stays there is held
-# by something the stop also holds (a vfork parent, until its stopped child runs).
+# (result_tampering). A thread that stays there is held by something the stop also holds (a vfork parent, until its
+# stopped child runs).
 STOP_WAITING_S = 0.5
 # A thread's context switches in /proc/<pid>/task/<tid>/status: they move whenever it runs.
 CONTEXT_SWITCHES = re.compile(rb"^(?:non)?voluntary_ctxt_switches:\s*(\d+)", re.MULTILINE)

@@ -270,9 +270,8 @@ def test_a_stop_waits_for_kernel_work_that_waited_for_a_lock(signaller: UidSigna
     """A thread waiting in the kernel (state D) for a lock can go on to work there for milliseconds once it has it,
     whatever stop it has pending: here a write waiting for its file's lock, which the test's own longer writes hold
     most of the time. Stops had taken such a thread for stopped, and the job then used CPU after the stop returned (21
-    stops of 30 here), which the judge takes for a job resumed behind its back (result_tampering, the likely cause of
-    two honest candidates rejected so in CI; a munmap waiting for the address-space lock that a reader of the job's
-    /proc files held did the same in 6 stops of 300)."""
+    stops of 30 here), which the judge takes for a job resumed behind its back (result_tampering; a munmap waiting for
+    the address-space lock that a reader of the job's /proc files held did the same in 6 stops of 300)."""
     uid = sandbox_uid_base() + 4006
     shared = os.memfd_create("shared")  # in memory, whatever /dev/shm's size
     try:
