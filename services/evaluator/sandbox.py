@@ -784,6 +784,7 @@ def _stop_marks(pids: list[int], waiting_settled: bool) -> dict[int, tuple[int, 
     thread cannot be stopped, and its exit can resume others: the kernel sends SIGHUP and SIGCONT to a process group
     that the exit leaves orphaned with stopped members."""
     known = set(pids)
+    settled = b"ZXTtD" if waiting_settled else b"ZXTt"
     marks: dict[int, tuple[int, ...]] = {}
     for pid in pids:
         try:
@@ -803,7 +804,6 @@ def _stop_marks(pids: list[int], waiting_settled: bool) -> dict[int, tuple[int, 
             except (OSError, IndexError):
                 continue  # exited meanwhile
             state, flags = fields[0], int(fields[6])
-            settled = b"ZXTtD" if waiting_settled else b"ZXTt"
             if state not in settled or (state in b"TtD" and flags & PF_EXITING) or children - known:
                 return None
             marks[int(tid)] = switches
