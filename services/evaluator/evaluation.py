@@ -474,7 +474,7 @@ class Judge:
         self.pair: list[Worker] = []
         # Workers the judge keeps stopped between two commands of a timed block (see _command): the pids it
         # stopped and their CPU clocks then, by the worker's pid.
-        self.held: dict[int, tuple[list[int], dict[int, float]]] = {}
+        self.held: dict[int, tuple[list[sandbox.JobStop], dict[int, float]]] = {}
         # The reference's timer: taken and sent its job, its model built on the host, ready to time.
         self.launched: Worker | None = None
         self.built = False
@@ -1191,8 +1191,8 @@ class Judge:
         wall_s = clocked_s = time.monotonic() - sent_at
         if hold and event is not None and event["event"] == reply:
             # One scan of the job's processes both stops them and reads their clocks.
-            stopped, cpu_after = await asyncio.to_thread(_stop_and_clock, worker)
-            self.held[worker.proc.pid] = (stopped, cpu_after)
+            stops, cpu_after = await asyncio.to_thread(_stop_and_clock, worker)
+            self.held[worker.proc.pid] = (stops, cpu_after)
         elif on_cpu:
             cpu_after = await asyncio.to_thread(_job_cpu_clocks, worker)
         if on_cpu:
@@ -1214,12 +1214,12 @@ class Judge:
         isolation its uid) while `active` runs, so a candidate's threads, children or daemons cannot slow the
         reference down while it is timed."""
         others = [w for w in self.pair if w is not active and w.proc.returncode is None]
-        stopped, at_stop = await asyncio.to_thread(_stop_and_clock, *others) if others else ([], {})
+        stops, at_stop = await asyncio.to_thread(_stop_and_clock, *others) if others else ([], {})
         try:
             yield
         finally:
-            if stopped:
-                await self._resume_checked(others, stopped, at_stop, check=self.timer not in others)
+            if stops:
+                await self._resume_checked(others, stops, at_stop, check=self.timer not in others)
 
     async def _release(self, worker: Worker) -> dict[int, float] | None:
         """Resume a worker the judge held stopped after its last reply (None if it did not): the CPU clocks of its
@@ -1227,30 +1227,38 @@ class Judge:
         held = self.held.pop(worker.proc.pid, None)
         if held is None:
             return None
-        stopped, at_stop = held
-        return await self._resume_checked([worker], stopped, at_stop)
+        stops, at_stop = held
+        return await self._resume_checked([worker], stops, at_stop)
 
     async def _resume_checked(
-        self, workers: list[Worker], stopped: list[int], at_stop: dict[int, float], check: bool = True
+        self, workers: list[Worker], stops: list[sandbox.JobStop], at_stop: dict[int, float], check: bool = True
     ) -> dict[int, float]:
         """Resume what _stop_and_clock stopped; the CPU clocks of its processes just before, checked (`check`)
-        against those read at the stop."""
-        now = await asyncio.to_thread(_jobs_clocks, workers, stopped)
-        await asyncio.to_thread(_resume, workers, stopped)
+        against those read at the stop (_check_stayed_stopped)."""
+        pids = [pid for stop in stops for pid in stop.pids]
+        now, ran = await asyncio.to_thread(_read_since_stops, workers, stops, pids, check)
+        await asyncio.to_thread(_resume, workers, pids)
         if check:
-            self._check_stayed_stopped(at_stop, now)
+            self._check_stayed_stopped(workers, at_stop, now, ran)
         return now
 
-    def _check_stayed_stopped(self, at_stop: dict[int, float], now: dict[int, float]) -> None:
-        """A stopped job's processes use no CPU. Something the job armed before the stop can resume it without
-        any of its processes running then (a timer or another source that sends SIGCONT; an exit that orphans a
-        stopped process group): it would then run beside the other side's block, or after the judge read its
-        clock."""
+    def _check_stayed_stopped(
+        self, workers: list[Worker], at_stop: dict[int, float], now: dict[int, float], ran: str
+    ) -> None:
+        """A stopped job's processes neither run nor use CPU. Something the job armed before the stop can resume it
+        without any of its processes running then (a timer or another source that sends SIGCONT; an exit that
+        orphans a stopped process group): it would then run beside the other side's block, or after the judge read
+        its clock. `ran`: what the job's threads show (sandbox.ran_since_stop), which tells even a run too short for
+        the clocks, or one whose process exited with its clock, or started one the stop never saw (a red-team job,
+        resumed by its own timer, spawned a process and exited: correct at 1.04x). Not where the service killed the
+        job meanwhile (its next command fails, and its verdict says why)."""
         ran_s = max((now.get(pid, seconds) - seconds for pid, seconds in at_stop.items()), default=0.0)
         if ran_s > RAN_WHILE_STOPPED_S:
             self.run_state.flags["result_tampering"] = (
                 f"a process of the job ran while the judge held it stopped ({ran_s * 1e3:.1f} ms of CPU)"
             )
+        elif ran and not any(worker.killed_for for worker in workers):
+            self.run_state.flags["result_tampering"] = f"the job ran while the judge held it stopped: {ran}"
 
     async def _check(self, candidate: Worker, call: int, committed: str | None, held_hash: str | None) -> bool:
         """Ask for one call's output of the last block and have the reference's timer compare it with its own output
@@ -1853,15 +1861,24 @@ def _cpu_used_s(before: dict[int, float], after: dict[int, float]) -> float:
     return sum(max(0.0, seconds - before.get(pid, 0.0)) for pid, seconds in after.items())
 
 
-def _stop_and_clock(*workers: Worker) -> tuple[list[int], dict[int, float]]:
-    """Stop every process of the workers' jobs (SIGSTOP); the pids stopped and their CPU clocks (as
-    _job_cpu_clocks), read once they are stopped."""
-    stopped = _signal_jobs(list(workers), signal.SIGSTOP)
-    return stopped, _jobs_clocks(list(workers), stopped)
+def _stop_and_clock(*workers: Worker) -> tuple[list[sandbox.JobStop], dict[int, float]]:
+    """Stop every process of the workers' jobs (SIGSTOP); what each stop found and their CPU clocks (as
+    _job_cpu_clocks), read once they are stopped and off their CPUs."""
+    stops = _stop_jobs(list(workers))
+    return stops, _jobs_clocks(list(workers), [pid for stop in stops for pid in stop.pids])
+
+
+def _read_since_stops(
+    workers: list[Worker], stops: list[sandbox.JobStop], pids: list[int], check: bool
+) -> tuple[dict[int, float], str]:
+    """The jobs' CPU clocks now (_jobs_clocks) and, where `check`, what shows that one ran since its stop
+    (sandbox.ran_since_stop), "" if nothing."""
+    ran = next(filter(None, map(sandbox.ran_since_stop, stops)), "") if check else ""
+    return _jobs_clocks(workers, pids), ran
 
 
 def _resume(workers: list[Worker], pids: list[int]) -> None:
-    """SIGCONT what _signal_jobs stopped: nothing of those jobs ran since (a stopped process cannot fork), so no
+    """SIGCONT what _stop_jobs stopped: nothing of those jobs ran since (a stopped process cannot fork), so no
     scan is needed; in strict isolation the signaller also reaches a child whose fork was under way at the stop."""
     for worker in workers:
         if worker.signaller is not None and worker.uid is not None:
@@ -1873,17 +1890,17 @@ def _resume(workers: list[Worker], pids: list[int]) -> None:
             os.kill(pid, signal.SIGCONT)
 
 
-def _signal_jobs(workers: list[Worker], signum: int) -> list[int]:
-    """Send `signum` to every process of the workers' jobs; the pids signalled. A job that resists a stop is
-    killed: its next command fails, and its verdict says why."""
-    pids = []
+def _stop_jobs(workers: list[Worker]) -> list[sandbox.JobStop]:
+    """Stop every process of the workers' jobs (sandbox.stop_job). A job that resists a stop is killed: its next
+    command fails, and its verdict says why."""
+    stops = []
     for worker in workers:
         try:
-            pids += sandbox.signal_job(worker.uid, worker.proc.pid, signum, worker.signaller)
+            stops.append(sandbox.stop_job(worker.uid, worker.proc.pid, worker.signaller))
         except sandbox.UnstoppableJobError as error:
             worker.killed_for = f"resisting the judge's stop ({error})"
             sandbox.kill_all(worker.uid, worker.proc.pid, worker.signaller)
-    return pids
+    return stops
 
 
 def _hand_over_one(worker: Worker, reference: ReferenceData, trial: int) -> str:

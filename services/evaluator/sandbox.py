@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, NamedTuple
 from services.evaluator import landlock, syscall_filter
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     import psutil
 
 log = logging.getLogger(__name__)
@@ -777,15 +779,28 @@ class UnstoppableJobError(RuntimeError):
     """A job's processes did not all come to a stop within STOP_SETTLE_S."""
 
 
-def _stop_marks(pids: list[int], waiting_settled: bool) -> dict[int, tuple[int, ...]] | None:
-    """Whether the job holds still: every thread of `pids` settled (stopped, a zombie, gone, or where
-    `waiting_settled`, waiting in the kernel and not exiting: STOP_WAITING_S) and none with a child outside `pids`.
-    Then each thread's context switches so far (by thread id), which move whenever it runs; else None. An exiting
-    thread cannot be stopped, and its exit can resume others: the kernel sends SIGHUP and SIGCONT to a process group
-    that the exit leaves orphaned with stopped members."""
+class ThreadMark(NamedTuple):
+    """What /proc says of one thread of a job: its state letter, whether it is exiting, and its context switches so
+    far (voluntary, involuntary), which move whenever it runs."""
+
+    state: bytes
+    exiting: bool
+    switches: tuple[int, ...]
+
+
+class JobStop(NamedTuple):
+    """A job stopped by stop_job: the pids it signalled, and each thread's mark (by thread id) once it held still."""
+
+    pids: list[int]
+    marks: dict[int, ThreadMark]
+
+
+def _thread_marks(pids: list[int]) -> tuple[dict[int, ThreadMark], set[int]]:
+    """Each thread's mark (by thread id) of the processes `pids` that are still there, and their children that are
+    not among `pids`."""
     known = set(pids)
-    settled = b"ZXTtD" if waiting_settled else b"ZXTt"
-    marks: dict[int, tuple[int, ...]] = {}
+    marks: dict[int, ThreadMark] = {}
+    outside: set[int] = set()
     for pid in pids:
         try:
             tids = os.listdir(f"/proc/{pid}/task")
@@ -800,40 +815,84 @@ def _stop_marks(pids: list[int], waiting_settled: bool) -> dict[int, tuple[int, 
                 with open(f"{task}/status", "rb") as handle:
                     switches = tuple(int(count) for count in CONTEXT_SWITCHES.findall(handle.read()))
                 with open(f"{task}/children", "rb") as handle:
-                    children = {int(child) for child in handle.read().split()}
+                    outside |= {int(child) for child in handle.read().split()} - known
             except (OSError, IndexError):
                 continue  # exited meanwhile
-            state, flags = fields[0], int(fields[6])
-            if state not in settled or (state in b"TtD" and flags & PF_EXITING) or children - known:
-                return None
-            marks[int(tid)] = switches
+            marks[int(tid)] = ThreadMark(fields[0], bool(int(fields[6]) & PF_EXITING), switches)
+    return marks, outside
+
+
+def _stop_marks(pids: list[int], waiting_settled: bool) -> dict[int, ThreadMark] | None:
+    """Whether the job holds still: every thread of `pids` settled (stopped, a zombie, gone, or where
+    `waiting_settled`, waiting in the kernel and not exiting: STOP_WAITING_S) and none with a child outside `pids`.
+    Then each thread's mark; else None. An exiting thread cannot be stopped, and its exit can resume others: the
+    kernel sends SIGHUP and SIGCONT to a process group that the exit leaves orphaned with stopped members."""
+    settled = b"ZXTtD" if waiting_settled else b"ZXTt"
+    marks, outside = _thread_marks(pids)
+    if outside or any(m.state not in settled or (m.state in b"TtD" and m.exiting) for m in marks.values()):
+        return None
     return marks
 
 
-def signal_job(uid: int | None, root_pid: int, signum: int, signaller: UidSignaller | None = None) -> list[int]:
-    """Send `signum` to every process of a worker's job; the pids found and signalled.
+def ran_since_stop(stop: JobStop) -> str:
+    """What shows that the job of `stop` ran since ("" if nothing): a thread read as stopped then (or a zombie) that
+    has switched since or is gone, or a child of its processes that was not there: a stopped process cannot fork. A
+    thread then in the kernel (state D: STOP_WAITING_S) may still end its wait and stop, which switches it; its CPU
+    clock tells what it did."""
+    marks, outside = _thread_marks(stop.pids)
+    if outside:
+        return f"started processes {sorted(outside)[:5]}"
+    moved = [tid for tid, mark in stop.marks.items() if mark.state != b"D" and marks.get(tid) != mark]
+    if moved:
+        return f"threads {moved[:5]} ran or exited"
+    return ""
 
-    A SIGSTOP returns once the job holds still (`_stop_marks`) in two reads in a row with no thread run between,
-    sent again while it does not: processes of the job that were still running while the stop went round can
-    resume those already stopped (kill(-1, SIGCONT) in a loop, or an exit that orphans a stopped process group).
-    One read is no instant: a process read as stopped can be resumed by one read later, stopped by then (a CI run of
-    test_uid_signals.py saw a stop return with the job running, 1 in 300). Two reads with no switch between saw
-    every thread stopped at once, at the end of the first, and nothing stopped resumes anything. A job not settled
-    within STOP_SETTLE_S raises UnstoppableJobError."""
+
+def signal_job(uid: int | None, root_pid: int, signum: int, signaller: UidSignaller | None = None) -> list[int]:
+    """Send `signum` to every process of a worker's job; the pids found and signalled (a SIGSTOP: stop_job)."""
+    if signum == signal.SIGSTOP:
+        return stop_job(uid, root_pid, signaller).pids
+    return _signal_once(uid, root_pid, signum, signaller)
+
+
+def stop_job(uid: int | None, root_pid: int, signaller: UidSignaller | None = None) -> JobStop:
+    """SIGSTOP every process of a worker's job; returns once the job holds still (`_stop_marks`) in two reads in a
+    row with no thread run between and every thread is off its CPU (_off_cpu), sending it again while it does not:
+    processes of the job that were still running while the stop went round can resume those already stopped
+    (kill(-1, SIGCONT) in a loop, or an exit that orphans a stopped process group). One read is no instant: a
+    process read as stopped can be resumed by one read later, stopped by then (a CI run of test_uid_signals.py saw a
+    stop return with the job running, 1 in 300). Two reads with no switch between saw every thread stopped at once,
+    at the end of the first, and nothing stopped resumes anything. A job not settled within STOP_SETTLE_S raises
+    UnstoppableJobError."""
     started = time.monotonic()
     deadline = started + STOP_SETTLE_S
     while True:
-        pids = _signal_once(uid, root_pid, signum, signaller)
-        if signum != signal.SIGSTOP:
-            return pids
+        pids = _signal_once(uid, root_pid, signal.SIGSTOP, signaller)
         for pause_s in (0.0, 0.0005, 0.002, 0.005):  # threads that were running take a moment to stop
             time.sleep(pause_s)
             waiting_settled = time.monotonic() - started > STOP_WAITING_S
             marks = _stop_marks(pids, waiting_settled)
-            if marks is not None and _stop_marks(pids, waiting_settled) == marks:
-                return pids
+            if marks is not None and _stop_marks(pids, waiting_settled) == marks and _off_cpu(marks):
+                return JobStop(pids, marks)
         if time.monotonic() > deadline:
             raise UnstoppableJobError(f"the job's processes did not all stop within {STOP_SETTLE_S:g} s")
+
+
+def _off_cpu(tids: Iterable[int]) -> bool:
+    """Wait until every thread read as stopped has left its CPU; False if one runs again meanwhile. A thread shows
+    as stopped from the moment its state is set, before it switches out; what it ran since the last scheduler tick
+    is added to its process's and its cgroup's CPU clocks only at that switch (a clock read of another process does
+    not add it), so a clock read in between misses up to a tick and a later read looks as if the job ran while
+    stopped. Reading a thread's /proc `syscall` file waits in the kernel until the thread is off its CPU in the
+    state it was in (wait_task_inactive), and says `running` if its state changed."""
+    for tid in tids:
+        try:
+            with open(f"/proc/{tid}/syscall", "rb") as handle:
+                if handle.read().startswith(b"running"):
+                    return False
+        except OSError:
+            continue  # gone meanwhile, or a thread whose file the service may not read: its clock is as before
+    return True
 
 
 def _signal_once(uid: int | None, root_pid: int, signum: int, signaller: UidSignaller | None) -> list[int]:

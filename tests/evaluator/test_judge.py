@@ -80,6 +80,56 @@ threading.Thread(target=_spin, daemon=True).start()
 """,
 )
 
+# A chain of helper processes, each resumed by its own SIGCONT timers within 1 ms whenever the judge stops it: after
+# 0.1 s one spins 5 ms, spawns the next and exits, so its clock leaves with it and its successor is none of the processes
+# the stop found. In `process` isolation (per-process clocks, no cgroup) that passed the judge's check of stopped
+# jobs: `correct` at 1.04x. A worker thread reaps the exited helpers (the worker is their subreaper).
+RESPAWNING_HELPERS = sources.candidate(
+    "return x.clamp_min(0) * self.scale",
+    prelude="""
+import os, subprocess, sys, threading, time
+
+_HELPER = r'''
+import ctypes, os, signal, sys, time
+
+class Event(ctypes.Structure):  # struct sigevent: value, signo, notify (SIGEV_SIGNAL = 0), padding
+    _fields_ = [("value", ctypes.c_void_p), ("signo", ctypes.c_int), ("notify", ctypes.c_int), ("pad", ctypes.c_byte * 48)]
+
+class Time(ctypes.Structure):
+    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
+
+class Spec(ctypes.Structure):
+    _fields_ = [("interval", Time), ("value", Time)]
+
+libc = ctypes.CDLL(None, use_errno=True)
+timers = [ctypes.c_void_p() for _ in range(50)]
+for timer in timers:
+    if libc.timer_create(1, ctypes.byref(Event(None, signal.SIGCONT, 0)), ctypes.byref(timer)) != 0:
+        raise OSError(ctypes.get_errno(), "timer_create")
+for _ in range(2):
+    # One-shot timers 1 to 50 ms ahead: a stop discards a SIGCONT pending then, and a periodic timer with it.
+    for ms, timer in enumerate(timers, 1):
+        libc.timer_settime(timer, 0, ctypes.byref(Spec(Time(0, 0), Time(0, ms * 1000000))), None)
+    time.sleep(0.05)
+started = time.process_time()
+while time.process_time() - started < 0.005:
+    pass
+os.posix_spawn(sys.executable, [sys.executable, "-c", sys.argv[1], sys.argv[1]], os.environ)
+os._exit(0)
+'''
+
+def _reap():
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            time.sleep(0.01)
+
+subprocess.Popen([sys.executable, "-c", _HELPER, _HELPER])
+threading.Thread(target=_reap, daemon=True).start()
+""",
+)
+
 # Caches its answer per input buffer: right the first time, stale once the same buffer holds new values.
 CACHE_PER_BUFFER = sources.candidate(
     """
@@ -680,6 +730,16 @@ def test_a_job_resumed_by_a_timer_while_stopped_is_caught(any_client: httpx.Clie
     result = evaluate(any_client, SIGCONT_TIMER, timing_trials=10, timeout_s=180)
     assert result["status"] == "rejected" and "result_tampering" in result["flags"], result
     assert "ran while the judge held it stopped" in result["message"], result["message"]
+    assert_still_correct(any_client)
+
+
+def test_a_job_that_respawns_while_stopped_is_caught(any_client: httpx.Client) -> None:
+    """A job resumed by its own timer while stopped starts a process the stop never saw and exits; the judge sees
+    the stopped threads gone or switched, or the new child, whatever CPU clock left with the exited process."""
+    result = evaluate(any_client, RESPAWNING_HELPERS, timing_trials=10, timeout_s=180)
+    described = f"{result['status']} {result['flags']} {result['message'][-600:]}"
+    assert result["status"] == "rejected" and "result_tampering" in result["flags"], described
+    assert "held it stopped" in result["message"], result["message"]
     assert_still_correct(any_client)
 
 
