@@ -837,15 +837,22 @@ def _stop_marks(pids: list[int], waiting_settled: bool) -> dict[int, ThreadMark]
 def ran_since_stop(stop: JobStop) -> str:
     """What shows that the job of `stop` ran since ("" if nothing): a thread read as stopped then (or a zombie) that
     has switched since or is gone, or a child of its processes that was not there: a stopped process cannot fork. A
-    thread then in the kernel (state D: STOP_WAITING_S) may still end its wait and stop, which switches it; its CPU
-    clock tells what it did."""
+    thread then in the kernel (state D: STOP_WAITING_S) may end its wait and stop, which switches it, and nothing
+    else: a SIGCONT before its wait ends undoes the stop still pending for it, and it runs on once the wait ends (a
+    red-team helper in a long write escaped so); its CPU clock tells what it did in the kernel."""
     marks, outside = _thread_marks(stop.pids)
     if outside:
         return f"started processes {sorted(outside)[:5]}"
-    moved = [tid for tid, mark in stop.marks.items() if mark.state != b"D" and marks.get(tid) != mark]
+    moved = [tid for tid, mark in stop.marks.items() if not _stayed_stopped(mark, marks.get(tid))]
     if moved:
         return f"threads {moved[:5]} ran or exited"
     return ""
+
+
+def _stayed_stopped(at_stop: ThreadMark, now: ThreadMark | None) -> bool:
+    if at_stop.state == b"D":
+        return now is not None and now.state in b"DT"
+    return now == at_stop
 
 
 def signal_job(uid: int | None, root_pid: int, signum: int, signaller: UidSignaller | None = None) -> list[int]:

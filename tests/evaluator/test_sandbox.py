@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from services.evaluator.pool import uid_count
-from services.evaluator.sandbox import child_env, job_pids
+from services.evaluator.sandbox import JobStop, ThreadMark, _thread_marks, child_env, job_pids, ran_since_stop, stop_job
 from tests.evaluator import sources
 from tests.evaluator.conftest import WORKERS, evaluate, sandbox_uid_base, server_env
 from tests.servers import REPO, run_service
@@ -181,3 +181,26 @@ def test_same_seed_gives_same_random_weights(client: httpx.Client, reference: st
     result = evaluate(client, sources.LINEAR_CORRECT, reference=reference, seed=None)
     assert result["status"] == "correct", result["message"]
     assert isinstance(result["seed"], int)
+
+
+def test_a_thread_waiting_in_the_kernel_at_a_stop_may_only_stop_after() -> None:
+    """A stop takes a thread still waiting in the kernel after STOP_WAITING_S for stopped (a vfork parent never
+    leaves that wait while its child is stopped). Its stop is then only pending, and a SIGCONT undoes it: once its wait
+    ends it runs on (a red-team helper in long writes escaped so). The check of a held job lets such a thread end its
+    wait and stop, and nothing else. Read here from a real process, as a stop of it that found it in state D."""
+    job = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"])
+    try:
+        time.sleep(0.3)
+        (tid, now), *_ = _thread_marks([job.pid])[0].items()
+        in_the_kernel = JobStop([job.pid], {tid: ThreadMark(b"D", False, now.switches)})
+        assert "ran" in ran_since_stop(in_the_kernel)  # it runs: sleeping and waking, never stopped
+        stopped = stop_job(None, job.pid)
+        assert stopped.marks[tid].state == b"T"
+        assert ran_since_stop(in_the_kernel) == ""  # it ended its wait and stopped
+        assert ran_since_stop(stopped) == ""
+        os.kill(job.pid, signal.SIGCONT)
+        time.sleep(0.1)
+        assert "ran" in ran_since_stop(stopped)
+    finally:
+        job.kill()
+        job.wait()
