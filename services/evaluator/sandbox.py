@@ -855,13 +855,6 @@ def _stayed_stopped(at_stop: ThreadMark, now: ThreadMark | None) -> bool:
     return now == at_stop
 
 
-def signal_job(uid: int | None, root_pid: int, signum: int, signaller: UidSignaller | None = None) -> list[int]:
-    """Send `signum` to every process of a worker's job; the pids found and signalled (a SIGSTOP: stop_job)."""
-    if signum == signal.SIGSTOP:
-        return stop_job(uid, root_pid, signaller).pids
-    return _signal_once(uid, root_pid, signum, signaller)
-
-
 def stop_job(uid: int | None, root_pid: int, signaller: UidSignaller | None = None) -> JobStop:
     """SIGSTOP every process of a worker's job; returns once the job holds still (`_stop_marks`) in two reads in a
     row with no thread run between and every thread is off its CPU (_off_cpu), sending it again while it does not:
@@ -874,7 +867,7 @@ def stop_job(uid: int | None, root_pid: int, signaller: UidSignaller | None = No
     started = time.monotonic()
     deadline = started + STOP_SETTLE_S
     while True:
-        pids = _signal_once(uid, root_pid, signal.SIGSTOP, signaller)
+        pids = signal_once(uid, root_pid, signal.SIGSTOP, signaller)
         for pause_s in (0.0, 0.0005, 0.002, 0.005):  # threads that were running take a moment to stop
             time.sleep(pause_s)
             waiting_settled = time.monotonic() - started > STOP_WAITING_S
@@ -902,11 +895,12 @@ def _off_cpu(tids: Iterable[int]) -> bool:
     return True
 
 
-def _signal_once(uid: int | None, root_pid: int, signum: int, signaller: UidSignaller | None) -> list[int]:
-    """One round of `signal_job`. In strict isolation the signaller reaches every process of the uid at once
-    first, so a job that keeps forking new pids cannot outrun the scan of /proc that follows; that scan then finds
-    every process (stopped ones cannot fork) for the caller's clocks. Without it (process isolation) the scan
-    alone: its process group, its process tree."""
+def signal_once(uid: int | None, root_pid: int, signum: int, signaller: UidSignaller | None = None) -> list[int]:
+    """Send `signum` to every process of a worker's job once; the pids found and signalled (a stop that holds:
+    stop_job). In strict isolation the signaller reaches every process of the uid at once first, so a job that keeps
+    forking new pids cannot outrun the scan of /proc that follows; that scan then finds every process (stopped ones
+    cannot fork) for the caller's clocks. Without it (process isolation) the scan alone: its process group, its
+    process tree."""
     if signaller is not None and uid is not None:
         signaller.signal(uid, signum)
     with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from services.evaluator.evaluation import RAN_WHILE_STOPPED_S, _cpu_clocks
-from services.evaluator.sandbox import PF_EXITING, UidSignaller, kill_all, signal_job
+from services.evaluator.sandbox import PF_EXITING, UidSignaller, kill_all, signal_once, stop_job
 from tests.evaluator.conftest import sandbox_uid_base
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (sandbox uids)")
@@ -148,12 +148,12 @@ def test_a_job_that_keeps_forking_new_pids_is_stopped_resumed_and_killed(
             time.sleep(0.05)
         assert log.stat().st_size >= 200, "the hopper did not start"
         for _ in range(5):
-            stopped = signal_job(uid, proc.pid, signal.SIGSTOP, signaller)
+            stopped = stop_job(uid, proc.pid, signaller).pids
             assert not grows(log, 0.3), "a process of the job ran on after the stop"
             # Exited hoppers wait as zombies for the stopped reaper; every other process of the job is stopped.
             assert {p.info["status"] for p in uid_processes(uid)} == {psutil.STATUS_STOPPED}
             assert stopped
-            signal_job(uid, proc.pid, signal.SIGCONT, signaller)
+            signal_once(uid, proc.pid, signal.SIGCONT, signaller)
             assert grows(log, 0.3), "the job did not resume"
         kill_all(uid, proc.pid, signaller)
         assert not uid_processes(uid)
@@ -236,7 +236,7 @@ def test_a_stop_outlasts_an_exit_that_resumes_an_orphaned_group(signaller: UidSi
         deadline = time.monotonic() + 10
         while not int(stat_fields(exiting)[6]) & PF_EXITING and time.monotonic() < deadline:
             pass
-        signal_job(uid, proc.pid, signal.SIGSTOP, signaller)
+        stop_job(uid, proc.pid, signaller)
         time.sleep(0.5)
         assert stat_fields(child)[0] == b"T", "the kernel resumed the orphaned group after the stop"
     finally:
@@ -255,11 +255,11 @@ def test_a_stop_outlasts_processes_that_resume_each_other(signaller: UidSignalle
     try:
         time.sleep(0.5)
         for _ in range(300):
-            signal_job(uid, resumers[0].pid, signal.SIGSTOP, signaller)
+            stop_job(uid, resumers[0].pid, signaller)
             time.sleep(0.01)
             running = [p.pid for p in uid_processes(uid) if p.info["status"] != psutil.STATUS_STOPPED]
             assert not running, "a process of the job ran on after the stop"
-            signal_job(uid, resumers[0].pid, signal.SIGCONT, signaller)
+            signal_once(uid, resumers[0].pid, signal.SIGCONT, signaller)
     finally:
         kill_all(uid, resumers[0].pid, signaller)
         for resumer in resumers:
@@ -289,13 +289,13 @@ def test_a_stop_waits_for_kernel_work_that_waited_for_a_lock(signaller: UidSigna
             time.sleep(0.5)
             ran_ms = []
             for _ in range(30):
-                signal_job(uid, job.pid, signal.SIGSTOP, signaller)
+                stop_job(uid, job.pid, signaller)
                 at_stop = _cpu_clocks([job.pid])[job.pid]
                 time.sleep(0.3)
                 used_s = _cpu_clocks([job.pid])[job.pid] - at_stop
                 if used_s > RAN_WHILE_STOPPED_S:
                     ran_ms.append(round(used_s * 1e3, 1))
-                signal_job(uid, job.pid, signal.SIGCONT, signaller)
+                signal_once(uid, job.pid, signal.SIGCONT, signaller)
                 time.sleep(0.05)
             assert not ran_ms, f"CPU the job used after its stop returned (ms): {ran_ms}"
         finally:
