@@ -835,8 +835,9 @@ def _stop_marks(pids: list[int], waiting_settled: bool) -> dict[int, ThreadMark]
 
 
 def ran_since_stop(stop: JobStop) -> str:
-    """What shows that the job of `stop` ran since ("" if nothing): a thread read as stopped then (or a zombie) that
-    has switched since or is gone, or a child of its processes that was not there: a stopped process cannot fork. A
+    """What shows that the job of `stop` ran since ("" if nothing): a thread read as stopped then that has switched
+    since or is gone (a thread that had exited may be gone), or a child of its processes that was not there: a
+    stopped process cannot fork. A
     thread then in the kernel (state D: STOP_WAITING_S) may end its wait and stop, which switches it, and nothing
     else: a SIGCONT before its wait ends undoes the stop still pending for it, and it runs on once the wait ends (a
     red-team helper in a long write escaped so); its CPU clock tells what it did in the kernel."""
@@ -852,12 +853,14 @@ def ran_since_stop(stop: JobStop) -> str:
 def _stayed_stopped(at_stop: ThreadMark, now: ThreadMark | None) -> bool:
     if at_stop.state == b"D":
         return now is not None and now.state in b"DT"
+    if at_stop.state in b"ZX":  # a thread that had exited: the kernel releases it, whenever it does
+        return now is None or now == at_stop
     return now == at_stop
 
 
 def stop_job(uid: int | None, root_pid: int, signaller: UidSignaller | None = None) -> JobStop:
     """SIGSTOP every process of a worker's job; returns once the job holds still (`_stop_marks`) in two reads in a
-    row with no thread run between and every thread is off its CPU (_off_cpu), sending it again while it does not:
+    row with every thread off its CPU between them (_off_cpu) and none run, sending it again while it does not:
     processes of the job that were still running while the stop went round can resume those already stopped
     (kill(-1, SIGCONT) in a loop, or an exit that orphans a stopped process group). One read is no instant: a
     process read as stopped can be resumed by one read later, stopped by then (a CI run of test_uid_signals.py saw a
@@ -872,7 +875,9 @@ def stop_job(uid: int | None, root_pid: int, signaller: UidSignaller | None = No
             time.sleep(pause_s)
             waiting_settled = time.monotonic() - started > STOP_WAITING_S
             marks = _stop_marks(pids, waiting_settled)
-            if marks is not None and _stop_marks(pids, waiting_settled) == marks and _off_cpu(marks):
+            # Off their CPUs before the second read: a thread switches out after it reads as stopped, and that
+            # switch moves its count (a CI run's check took a thread so read for one that ran while held).
+            if marks is not None and _off_cpu(marks) and _stop_marks(pids, waiting_settled) == marks:
                 return JobStop(pids, marks)
         if time.monotonic() > deadline:
             raise UnstoppableJobError(f"the job's processes did not all stop within {STOP_SETTLE_S:g} s")
