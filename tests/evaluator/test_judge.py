@@ -80,10 +80,12 @@ threading.Thread(target=_spin, daemon=True).start()
 """,
 )
 
-# A chain of helper processes, each resumed by its own SIGCONT timers within 1 ms whenever the judge stops it: after
-# 0.1 s one spins 5 ms, spawns the next and exits, so its clock leaves with it and its successor is none of the processes
-# the stop found. In `process` isolation (per-process clocks, no cgroup) that passed the judge's check of stopped
-# jobs: `correct` at 1.04x. A worker thread reaps the exited helpers (the worker is their subreaper).
+# A chain of helper processes, each resumed by its own SIGCONT timers within 1 ms whenever the judge stops it (which
+# costs it microseconds): after 0.1 s one spawns the next and exits, so its clock leaves with it, and its successor,
+# none of the processes the stop found, starts up (tens of ms of CPU) beside the reference's block. In `process`
+# isolation (per-process clocks, no cgroup) that passed the judge's check of stopped jobs: `correct` at 1.04x for a
+# red-team job, `implausible_timing` but no `result_tampering` for this one. A worker thread reaps the exited helpers
+# (the worker is their subreaper).
 RESPAWNING_HELPERS = sources.candidate(
     "return x.clamp_min(0) * self.scale",
     prelude="""
@@ -111,9 +113,6 @@ for _ in range(2):
     for ms, timer in enumerate(timers, 1):
         libc.timer_settime(timer, 0, ctypes.byref(Spec(Time(0, 0), Time(0, ms * 1000000))), None)
     time.sleep(0.05)
-started = time.process_time()
-while time.process_time() - started < 0.005:
-    pass
 os.posix_spawn(sys.executable, [sys.executable, "-c", sys.argv[1], sys.argv[1]], os.environ)
 os._exit(0)
 '''
