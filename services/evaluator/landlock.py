@@ -20,7 +20,8 @@ it scopes, and why it is here:
   up, so nothing changes there; in `process` isolation a red-team job called its own service's HTTP API on
   127.0.0.1 (no token is needed on loopback), and any other evaluator's on the host.
 - writes (`process` isolation only): files and directories are made, written, truncated, removed, renamed or linked
-  only beneath the job's home; beneath `/dev` what exists (devices) may be written, nothing made. There the service,
+  only beneath the job's home; beneath `/dev` what exists (devices) may be written, nothing made, and the worker's
+  own threads' files in `/proc/self/task` (the CUDA driver names its threads there). There the service,
   the build cache, other jobs' directories and perhaps the service's own installation belong to the job's uid:
   red-team jobs rewrote every library in the build cache and planted files where another worker's inputs go. A file
   made in `/dev/shm` would outlive the job (a red-team job left 300 MiB there that no limit counted, and later jobs
@@ -100,7 +101,14 @@ def restrict_self(version: int | None = None, home: str | None = None) -> int:
     beneath: tuple[tuple[str, int], ...]
     if home is not None:
         handled_fs = ACCESS_FS_CHANGES | ACCESS_FS_REFER | truncate
-        beneath = ((home, handled_fs), ("/dev", ACCESS_FS_WRITE_FILE | truncate))
+        beneath = (
+            (home, handled_fs),
+            ("/dev", ACCESS_FS_WRITE_FILE | truncate),
+            # The CUDA driver names the threads it starts by opening their /proc/self/task/<tid>/comm to write and truncate; refused, its
+            # initialisation fails (error 304) and no job sees the GPU. The rule holds for the calling process's own
+            # threads alone: the path resolves to its /proc/<pid>/task now.
+            ("/proc/self/task", ACCESS_FS_WRITE_FILE | truncate),
+        )
     elif version < SCOPES_ABI:
         handled_fs, beneath = ACCESS_FS_REFER, (("/", ACCESS_FS_REFER),)
     else:

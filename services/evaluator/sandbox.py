@@ -780,12 +780,14 @@ class UnstoppableJobError(RuntimeError):
 
 
 class ThreadMark(NamedTuple):
-    """What /proc says of one thread of a job: its state letter, whether it is exiting, and its context switches so
-    far (voluntary, involuntary), which move whenever it runs."""
+    """What /proc says of one thread of a job: its state letter, whether it is exiting, its context switches so
+    far (voluntary, involuntary), which move whenever it runs, and the CPU ticks of the children its process has
+    waited for (cutime + cstime, the same for every thread of a process), which move whenever it reaps one."""
 
     state: bytes
     exiting: bool
     switches: tuple[int, ...]
+    reaped_ticks: int = 0
 
 
 class JobStop(NamedTuple):
@@ -818,7 +820,8 @@ def _thread_marks(pids: list[int]) -> tuple[dict[int, ThreadMark], set[int]]:
                     outside |= {int(child) for child in handle.read().split()} - known
             except (OSError, IndexError):
                 continue  # exited meanwhile
-            marks[int(tid)] = ThreadMark(fields[0], bool(int(fields[6]) & PF_EXITING), switches)
+            reaped_ticks = int(fields[13]) + int(fields[14])  # cutime, cstime
+            marks[int(tid)] = ThreadMark(fields[0], bool(int(fields[6]) & PF_EXITING), switches, reaped_ticks)
     return marks, outside
 
 
@@ -837,10 +840,11 @@ def _stop_marks(pids: list[int], waiting_settled: bool) -> dict[int, ThreadMark]
 def ran_since_stop(stop: JobStop) -> str:
     """What shows that the job of `stop` ran since ("" if nothing): a thread read as stopped then that has switched
     since or is gone (a thread that had exited may be gone), or a child of its processes that was not there: a
-    stopped process cannot fork. A
-    thread then in the kernel (state D: STOP_WAITING_S) may end its wait and stop, which switches it, and nothing
-    else: a SIGCONT before its wait ends undoes the stop still pending for it, and it runs on once the wait ends (a
-    red-team helper in a long write escaped so); its CPU clock tells what it did in the kernel."""
+    stopped process cannot fork. A thread then in the kernel (state D: STOP_WAITING_S) may end its wait and stop,
+    which switches it, and nothing else: a SIGCONT before its wait ends undoes the stop still pending for it, and it
+    runs on once the wait ends (a red-team helper in a long write escaped so). Its CPU clock tells what it did in the
+    kernel, and its process's reaped ticks whether it started a child and waited for it (a red-team helper's child
+    ran 60 ms so in `process` isolation, where no clock of the judge's keeps an exited child's time)."""
     marks, outside = _thread_marks(stop.pids)
     if outside:
         return f"started processes {sorted(outside)[:5]}"
@@ -852,7 +856,7 @@ def ran_since_stop(stop: JobStop) -> str:
 
 def _stayed_stopped(at_stop: ThreadMark, now: ThreadMark | None) -> bool:
     if at_stop.state == b"D":
-        return now is not None and now.state in b"DT"
+        return now is not None and now.state in b"DT" and now.reaped_ticks == at_stop.reaped_ticks
     if at_stop.state in b"ZX":  # a thread that had exited: the kernel releases it, whenever it does
         return now is None or now == at_stop
     return now == at_stop

@@ -87,13 +87,14 @@ def test_a_domain_keeps_its_processes_from_the_outside_and_lets_them_move_files(
 
 
 # In a domain that changes files only beneath the job's home (argv[1]), as a `process`-isolation worker's: what it
-# can do in its home, to a file and a directory outside it (argv[2]), and in /dev; prints what worked.
+# can do in its home, to a file and a directory outside it (argv[2]), in /dev, and in /proc (its own threads' names
+# as the CUDA driver writes them, and a file of a process of its uid outside the domain, argv[3]); prints what worked.
 WRITING_IN_A_DOMAIN = REPORTS_WHAT_WORKED + textwrap.dedent(
     """
-    import ctypes, os, socket, sys
+    import ctypes, os, socket, sys, threading
     from services.evaluator import landlock
 
-    home, outside = sys.argv[1], sys.argv[2]
+    home, outside, other = sys.argv[1], sys.argv[2], sys.argv[3]
     ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
     print("version", landlock.restrict_self(home=home))
 
@@ -118,6 +119,12 @@ WRITING_IN_A_DOMAIN = REPORTS_WHAT_WORKED + textwrap.dedent(
     worked("outside read", lambda: open(f"{outside}/file").read())
     worked("dev null", lambda: write("/dev/null"))
     worked("dev shm create", lambda: write(f"/dev/shm/{os.path.basename(home)}-{os.getpid()}"))
+    # As the CUDA driver names a thread it started: the thread opens its own comm to write and truncate.
+    namer = threading.Thread(target=worked, args=("own thread name", lambda: write(
+        f"/proc/self/task/{threading.get_native_id()}/comm")))
+    namer.start()
+    namer.join()
+    worked("other process proc", lambda: write(f"/proc/{other}/oom_score_adj"))
     """
 )
 
@@ -125,24 +132,37 @@ WRITING_IN_A_DOMAIN = REPORTS_WHAT_WORKED + textwrap.dedent(
 def test_a_domain_with_write_rules_changes_files_only_beneath_its_home(tmp_path: Path) -> None:
     """A `process`-isolation worker's domain (sandbox.enter): the job's uid owns the build cache and other jobs'
     directories, which it may read but no longer change; devices may be written, but nothing made in /dev (a file
-    in /dev/shm would outlive the job)."""
+    in /dev/shm would outlive the job); in /proc only its own threads' files (their names: without, no CUDA)."""
     if landlock.abi() == 0:
         pytest.skip("this kernel gives workers no Landlock domain")
     home, outside = tmp_path / "home", tmp_path / "outside"
     home.mkdir()
     outside.mkdir()
     (outside / "file").write_text("published")
-    done = subprocess.run(
-        [sys.executable, "-c", WRITING_IN_A_DOMAIN, str(home), str(outside)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", WRITING_IN_A_DOMAIN, str(home), str(outside), str(other.pid)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+    finally:
+        other.kill()
+        other.wait()
     seen = dict(line.rsplit(" ", 1) for line in done.stdout.splitlines())
     assert seen.pop("version") == str(landlock.abi())
-    allowed = {"home write", "home rename", "home truncate", "home remove", "outside read", "dev null"}
+    allowed = {
+        "home write",
+        "home rename",
+        "home truncate",
+        "home remove",
+        "outside read",
+        "dev null",
+        "own thread name",
+    }
     assert {what for what, errno in seen.items() if errno == "ok"} == allowed, seen
     # EACCES; EXDEV for a link across the rules' boundary.
     assert {errno for what, errno in seen.items() if what not in allowed} <= {"13", "18"}, seen

@@ -206,6 +206,42 @@ def test_a_thread_waiting_in_the_kernel_at_a_stop_may_only_stop_after() -> None:
         job.wait()
 
 
+# Starts a child that burns 30 ms of CPU, waits for it, and again.
+REAPS_CHILDREN = """
+import os, time
+while True:
+    child = os.fork()
+    if child == 0:
+        end = time.process_time() + 0.03
+        while time.process_time() < end:
+            pass
+        os._exit(0)
+    os.waitpid(child, 0)
+"""
+
+
+def test_a_thread_waiting_in_the_kernel_at_a_stop_that_then_reaps_a_child_is_caught() -> None:
+    """A thread that ended its wait in the kernel after the stop may stop then, but not start a child and wait for
+    it first: in `process` isolation the child's CPU time leaves with it (a red-team helper so ran a 60 ms child
+    while its job was held, and stopped itself again before the check). Read here from a real process, as a stop
+    of it that found it in state D."""
+    job = subprocess.Popen([sys.executable, "-c", REAPS_CHILDREN])
+    try:
+        time.sleep(0.3)
+        (tid, before), *_ = _thread_marks([job.pid])[0].items()
+        time.sleep(0.3)  # about ten children
+        stopped = stop_job(None, job.pid)
+        assert stopped.marks[tid].state == b"T"
+        assert stopped.marks[tid].reaped_ticks > before.reaped_ticks
+        in_the_kernel = JobStop(stopped.pids, {tid: before._replace(state=b"D")})
+        assert "ran" in ran_since_stop(in_the_kernel)
+        waited_only = JobStop(stopped.pids, {tid: stopped.marks[tid]._replace(state=b"D")})
+        assert ran_since_stop(waited_only) == ""
+    finally:
+        job.kill()
+        job.wait()
+
+
 def test_a_thread_that_had_exited_at_a_stop_may_be_gone_after() -> None:
     """A stop takes a thread that has exited (a zombie, or dead) for settled; the kernel then releases it, and its
     tid leaves /proc, with nothing of the job running. The check of a held job lets it go: a worker's threads (torch's,
