@@ -104,9 +104,9 @@ def restrict_self(version: int | None = None, home: str | None = None) -> int:
         beneath = (
             (home, handled_fs),
             ("/dev", ACCESS_FS_WRITE_FILE | truncate),
-            # The CUDA driver names the threads it starts by opening their /proc/self/task/<tid>/comm to write and truncate; refused, its
-            # initialisation fails (error 304) and no job sees the GPU. The rule holds for the calling process's own
-            # threads alone: the path resolves to its /proc/<pid>/task now.
+            # The CUDA driver names the threads it starts by opening their /proc/self/task/<tid>/comm to write and
+            # truncate; refused, its initialisation fails (error 304) and no job sees the GPU. The rule holds for the
+            # calling process's own threads alone: the path resolves to its /proc/<pid>/task now.
             ("/proc/self/task", ACCESS_FS_WRITE_FILE | truncate),
         )
     elif version < SCOPES_ABI:
