@@ -54,11 +54,13 @@ IN_A_DOMAIN = REPORTS_WHAT_WORKED + textwrap.dedent(
 )
 
 
-def run_in_a_domain(version: int) -> dict[str, str]:
+def run_script(script: str, *args: str) -> dict[str, str]:
+    """What `script` reports it did (REPORTS_WHAT_WORKED), given `args` and last the pid of a process outside its
+    domain."""
     outside = subprocess.Popen(["sleep", "60"])
     try:
         done = subprocess.run(
-            [sys.executable, "-c", IN_A_DOMAIN, str(version), str(outside.pid)],
+            [sys.executable, "-c", script, *args, str(outside.pid)],
             cwd=REPO,
             capture_output=True,
             text=True,
@@ -76,7 +78,7 @@ def test_a_domain_keeps_its_processes_from_the_outside_and_lets_them_move_files(
     """Each kind of domain a kernel may give (landlock.restrict_self), on this kernel."""
     if landlock.abi() < version:
         pytest.skip(f"this kernel's Landlock ABI is {landlock.abi()}")
-    seen = run_in_a_domain(version)
+    seen = run_script(IN_A_DOMAIN, str(version))
     assert seen["version"] == str(version)
     assert seen["rename"] == "ok", "a file moved into another directory (EXDEV: REFER not granted)"
     assert seen["inside mem"] == "ok" and seen["inside signal"] == "ok", seen
@@ -139,20 +141,7 @@ def test_a_domain_with_write_rules_changes_files_only_beneath_its_home(tmp_path:
     home.mkdir()
     outside.mkdir()
     (outside / "file").write_text("published")
-    other = subprocess.Popen(["sleep", "60"])
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", WRITING_IN_A_DOMAIN, str(home), str(outside), str(other.pid)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
-    finally:
-        other.kill()
-        other.wait()
-    seen = dict(line.rsplit(" ", 1) for line in done.stdout.splitlines())
+    seen = run_script(WRITING_IN_A_DOMAIN, str(home), str(outside))
     assert seen.pop("version") == str(landlock.abi())
     allowed = {
         "home write",
