@@ -20,7 +20,7 @@ it scopes, and why it is here:
   up, so nothing changes there; in `process` isolation a red-team job called its own service's HTTP API on
   127.0.0.1 (no token is needed on loopback), and any other evaluator's on the host.
 - writes (`process` isolation only): files and directories are made, written, truncated, removed, renamed or linked
-  only beneath the job's home; beneath `/dev` what exists (devices) may be written, nothing made, and the worker's
+  only beneath the job's home; beneath `/dev` what exists (devices) may be written, nothing made, and a CUDA worker's
   own threads' files in `/proc/self/task` (the CUDA driver names its threads there). There the service,
   the build cache, other jobs' directories and perhaps the service's own installation belong to the job's uid:
   red-team jobs rewrote every library in the build cache and planted files where another worker's inputs go. A file
@@ -90,10 +90,11 @@ def abi() -> int:
     return version if version >= REFER_ABI else 0
 
 
-def restrict_self(version: int | None = None, home: str | None = None) -> int:
+def restrict_self(version: int | None = None, home: str | None = None, names_threads: bool = False) -> int:
     """Put the calling process (and every child it will have) in a new domain of `version`'s kind (default: the
     kernel's ABI); needs PR_SET_NO_NEW_PRIVS. With `home`, the domain changes files only beneath `home` and writes
-    beneath /dev only to what exists there (devices). Returns the version, 0 where there is no Landlock."""
+    beneath /dev only to what exists there (devices), and where `names_threads` (a CUDA worker), the files of the
+    calling process's own threads. Returns the version, 0 where there is no Landlock."""
     version = abi() if version is None else min(version, abi())
     if version == 0:
         return 0
@@ -101,14 +102,14 @@ def restrict_self(version: int | None = None, home: str | None = None) -> int:
     beneath: tuple[tuple[str, int], ...]
     if home is not None:
         handled_fs = ACCESS_FS_CHANGES | ACCESS_FS_REFER | truncate
-        beneath = (
-            (home, handled_fs),
-            ("/dev", ACCESS_FS_WRITE_FILE | truncate),
+        beneath = ((home, handled_fs), ("/dev", ACCESS_FS_WRITE_FILE | truncate))
+        if names_threads:
             # The CUDA driver names the threads it starts by opening their /proc/self/task/<tid>/comm to write and
-            # truncate; refused, its initialisation fails (error 304) and no job sees the GPU. The rule holds for the
-            # calling process's own threads alone: the path resolves to its /proc/<pid>/task now.
-            ("/proc/self/task", ACCESS_FS_WRITE_FILE | truncate),
-        )
+            # truncate; refused, its initialisation fails (error 304) and no job sees the GPU. The rule holds for
+            # the calling process's own threads alone (the path resolves to its /proc/<pid>/task now), but for all
+            # their files: their oom_score_adj too, which such a job may then lower to the service's own where the
+            # service lacks CAP_SYS_RESOURCE (compose); no finer rule can name threads not yet started.
+            beneath += (("/proc/self/task", ACCESS_FS_WRITE_FILE | truncate),)
     elif version < SCOPES_ABI:
         handled_fs, beneath = ACCESS_FS_REFER, (("/", ACCESS_FS_REFER),)
     else:

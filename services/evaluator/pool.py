@@ -635,6 +635,7 @@ class WorkerPool:
             max_file_bytes=self.settings.max_file_mb << 20,
             keep_paths=(str(self.settings.cache_dir), str(REPO_ROOT)),
             cgroup_procs=cgroup.procs_files if cgroup is not None else (),
+            cuda=device == "cuda",
         )
         threads = self.settings.threads_per_worker
         read_fd, write_fd = os.pipe()

@@ -164,6 +164,8 @@ class SandboxSpec:
     keep_paths: tuple[str, ...] = ()
     # The job cgroup's `cgroup.procs` files (job_cgroup): the worker joins its group before anything else.
     cgroup_procs: tuple[str, ...] = ()
+    # A CUDA worker, whose driver names its threads through /proc (landlock.restrict_self).
+    cuda: bool = False
 
     def to_arg(self) -> str:
         return json.dumps(asdict(self))
@@ -550,7 +552,7 @@ def enter(spec: SandboxSpec) -> None:
     # Before the seccomp filter, whose rules need not know Landlock's calls. In process isolation the job's uid owns
     # other jobs' files and the build cache, so there it changes files only in its home (and writes devices); in
     # strict isolation the mounts do that already, and leave the private directories (PRIVATE_DIRS) writable.
-    landlock.restrict_self(home=None if spec.strict else spec.home)
+    landlock.restrict_self(home=None if spec.strict else spec.home, names_threads=spec.cuda)
     if not spec.strict:
         # The job's orphans stay in its worker's process tree, which the judge stops during the reference's turns
         # and kills after the job (strict isolation's go to pid 1 of its namespace). The filter then keeps the job

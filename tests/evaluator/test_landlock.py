@@ -88,17 +88,18 @@ def test_a_domain_keeps_its_processes_from_the_outside_and_lets_them_move_files(
     assert (seen["outside signal"] == "ok") == (version < landlock.SCOPES_ABI), seen
 
 
-# In a domain that changes files only beneath the job's home (argv[1]), as a `process`-isolation worker's: what it
-# can do in its home, to a file and a directory outside it (argv[2]), in /dev, and in /proc (its own threads' names
-# as the CUDA driver writes them, and a file of a process of its uid outside the domain, argv[3]); prints what worked.
+# In a domain that changes files only beneath the job's home (argv[1]), as a `process`-isolation worker's (a CUDA
+# worker's where argv[3] is "cuda"): what it can do in its home, to a file and a directory outside it (argv[2]), in
+# /dev, and in /proc (its own threads' names as the CUDA driver writes them, and a file of a process of its uid
+# outside the domain, argv[4]); prints what worked.
 WRITING_IN_A_DOMAIN = REPORTS_WHAT_WORKED + textwrap.dedent(
     """
     import ctypes, os, socket, sys, threading
     from services.evaluator import landlock
 
-    home, outside, other = sys.argv[1], sys.argv[2], sys.argv[3]
+    home, outside, names_threads, other = sys.argv[1], sys.argv[2], sys.argv[3] == "cuda", sys.argv[4]
     ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
-    print("version", landlock.restrict_self(home=home))
+    print("version", landlock.restrict_self(home=home, names_threads=names_threads))
 
     def write(path, mode="w"):
         with open(path, mode) as handle:
@@ -131,17 +132,19 @@ WRITING_IN_A_DOMAIN = REPORTS_WHAT_WORKED + textwrap.dedent(
 )
 
 
-def test_a_domain_with_write_rules_changes_files_only_beneath_its_home(tmp_path: Path) -> None:
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_domain_with_write_rules_changes_files_only_beneath_its_home(tmp_path: Path, device: str) -> None:
     """A `process`-isolation worker's domain (sandbox.enter): the job's uid owns the build cache and other jobs'
     directories, which it may read but no longer change; devices may be written, but nothing made in /dev (a file
-    in /dev/shm would outlive the job); in /proc only its own threads' files (their names: without, no CUDA)."""
+    in /dev/shm would outlive the job); in /proc nothing, but a CUDA worker's own threads' files (their names:
+    without, no CUDA)."""
     if landlock.abi() == 0:
         pytest.skip("this kernel gives workers no Landlock domain")
     home, outside = tmp_path / "home", tmp_path / "outside"
     home.mkdir()
     outside.mkdir()
     (outside / "file").write_text("published")
-    seen = run_script(WRITING_IN_A_DOMAIN, str(home), str(outside))
+    seen = run_script(WRITING_IN_A_DOMAIN, str(home), str(outside), device)
     assert seen.pop("version") == str(landlock.abi())
     allowed = {
         "home write",
@@ -150,7 +153,7 @@ def test_a_domain_with_write_rules_changes_files_only_beneath_its_home(tmp_path:
         "home remove",
         "outside read",
         "dev null",
-        "own thread name",
+        *(["own thread name"] if device == "cuda" else []),
     }
     assert {what for what, errno in seen.items() if errno == "ok"} == allowed, seen
     # EACCES; EXDEV for a link across the rules' boundary.
