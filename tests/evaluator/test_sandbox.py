@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -15,6 +16,7 @@ import httpx
 import psutil
 import pytest
 
+from services.evaluator import sandbox
 from services.evaluator.pool import uid_count
 from services.evaluator.sandbox import JobStop, ThreadMark, _thread_marks, child_env, job_pids, ran_since_stop, stop_job
 from tests.evaluator import sources
@@ -201,6 +203,31 @@ def test_a_thread_waiting_in_the_kernel_at_a_stop_may_only_stop_after() -> None:
         os.kill(job.pid, signal.SIGCONT)
         time.sleep(0.1)
         assert "ran" in ran_since_stop(stopped)
+    finally:
+        job.kill()
+        job.wait()
+
+
+def test_a_thread_whose_wait_in_the_kernel_ends_during_the_check_is_let_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread waiting in the kernel at the stop whose wait ends late runs in the kernel on its way to its stop
+    (the rest of a munmap that waited for the address space's lock): the check waits for it to stop rather than take
+    it, runnable, for a job resumed behind the judge's back (a CI run flagged an honest candidate so). One that does
+    not stop is caught. Read here from a real process that runs, as a stop of it that found it in state D."""
+    job = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        (tid, now), *_ = _thread_marks([job.pid])[0].items()
+        assert now.state == b"R"
+        in_the_kernel = JobStop([job.pid], {tid: ThreadMark(b"D", False, now.switches)})
+        stopping = threading.Timer(0.2, os.kill, (job.pid, signal.SIGSTOP))
+        stopping.start()
+        started = time.monotonic()
+        assert ran_since_stop(in_the_kernel) == ""
+        assert time.monotonic() - started >= 0.15
+        os.kill(job.pid, signal.SIGCONT)
+        time.sleep(0.1)
+        monkeypatch.setattr(sandbox, "STOP_SETTLE_S", 0.3)
+        assert "ran on" in ran_since_stop(in_the_kernel)
     finally:
         job.kill()
         job.wait()
