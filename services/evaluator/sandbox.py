@@ -843,10 +843,11 @@ def ran_since_stop(stop: JobStop) -> str:
     """What shows that the job of `stop` ran since ("" if nothing): a thread read as stopped then that has switched
     since or is gone (a thread that had exited may be gone), or a child of its processes that was not there: a
     stopped process cannot fork. A thread then in the kernel (state D: STOP_WAITING_S) may end its wait and stop,
-    which switches it, and nothing else (it has STOP_SETTLE_S to get there): a SIGCONT before its wait ends undoes the stop still pending for it, and it
-    runs on once the wait ends (a red-team helper in a long write escaped so). Its CPU clock tells what it did in the
-    kernel, and its process's reaped ticks whether it started a child and waited for it (a red-team helper's child
-    ran 60 ms so in `process` isolation, where no clock of the judge's keeps an exited child's time)."""
+    which switches it, and nothing else (it has STOP_SETTLE_S to get there): a SIGCONT before its wait ends undoes
+    the stop still pending for it, and it runs on once the wait ends (a red-team helper in a long write escaped so).
+    Its CPU clock tells what it did in the kernel, and its process's reaped ticks whether it started a child and
+    waited for it (a red-team helper's child ran 60 ms so in `process` isolation, where no clock of the judge's keeps
+    an exited child's time)."""
     deadline = time.monotonic() + STOP_SETTLE_S
     while True:
         marks, outside = _thread_marks(stop.pids)
