@@ -252,7 +252,7 @@ def test_a_thread_waiting_in_the_kernel_at_a_stop_that_then_reaps_a_child_is_cau
     it first: in `process` isolation the child's CPU time leaves with it (a red-team helper so ran a 60 ms child
     while its job was held, and stopped itself again before the check). Read here from a real process, as a stop
     of it that found it in state D."""
-    job = subprocess.Popen([sys.executable, "-c", REAPS_CHILDREN])
+    job = subprocess.Popen([sys.executable, "-c", REAPS_CHILDREN], start_new_session=True)
     try:
         time.sleep(0.3)
         (tid, before), *_ = _thread_marks([job.pid])[0].items()
@@ -265,7 +265,7 @@ def test_a_thread_waiting_in_the_kernel_at_a_stop_that_then_reaps_a_child_is_cau
         waited_only = JobStop(stopped.pids, {tid: stopped.marks[tid]._replace(state=b"D")})
         assert ran_since_stop(waited_only) == ""
     finally:
-        job.kill()
+        os.killpg(job.pid, signal.SIGKILL)  # the child the stop found too, else left stopped for good
         job.wait()
 
 
