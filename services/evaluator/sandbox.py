@@ -856,7 +856,7 @@ def ran_since_stop(stop: JobStop) -> str:
         # A thread whose wait ended after the stop runs in the kernel on its way to stopping (the rest of a munmap
         # that waited for the address space's lock): it is let finish (a CI run's check read one so, runnable, as
         # one that ran while held). Its CPU clock, read after, tells what it did.
-        finishing = [tid for tid, mark in stop.marks.items() if mark.state == b"D" and _runnable(marks.get(tid))]
+        finishing = [tid for tid, mark in stop.marks.items() if mark.state == b"D" and _state(marks.get(tid)) == "R"]
         if not finishing:
             break
         if time.monotonic() > deadline:
@@ -873,10 +873,6 @@ def ran_since_stop(stop: JobStop) -> str:
 
 def _state(mark: ThreadMark | None) -> str:
     return "gone" if mark is None else mark.state.decode()
-
-
-def _runnable(mark: ThreadMark | None) -> bool:
-    return mark is not None and mark.state == b"R"
 
 
 def _stayed_stopped(at_stop: ThreadMark, now: ThreadMark | None) -> bool:
