@@ -1245,10 +1245,10 @@ class Judge:
     def _check_stayed_stopped(
         self, workers: list[Worker], at_stop: dict[int, float], now: dict[int, float], ran: str
     ) -> None:
-        """A stopped job's processes neither run nor use CPU. Something the job armed before the stop can resume it
-        without any of its processes running then (a timer or another source that sends SIGCONT; an exit that
-        orphans a stopped process group): it would then run beside the other side's block, or after the judge read
-        its clock. `ran`: what the job's threads show (sandbox.ran_since_stop), which tells even a run too short for
+        """A stopped job's processes neither run nor use CPU. Something the job armed before the stop could resume it
+        without any of its processes running then (a timer that sends SIGCONT, which syscall_filter now refuses; an
+        exit that orphans a stopped process group): it would then run beside the other side's block, or after the
+        judge read its clock. `ran`: what the job's threads show (sandbox.ran_since_stop), which tells even a run too short for
         the clocks, or one whose process exited with its clock, or started one the stop never saw (a red-team job,
         resumed by its own timer, spawned a process and exited: correct at 1.04x). Not where the service killed the
         job meanwhile (its next command fails, and its verdict says why)."""

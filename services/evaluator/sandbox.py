@@ -844,7 +844,8 @@ def ran_since_stop(stop: JobStop) -> str:
     since or is gone (a thread that had exited may be gone), or a child of its processes that was not there: a
     stopped process cannot fork. A thread then in the kernel (state D: STOP_WAITING_S) may end its wait and stop,
     which switches it, and nothing else (it has STOP_SETTLE_S to get there): a SIGCONT before its wait ends undoes
-    the stop still pending for it, and it runs on once the wait ends (a red-team helper in a long write escaped so).
+    the stop still pending for it, and it runs on once the wait ends (a red-team helper in a long write escaped so,
+    by its own timers, before syscall_filter refused them).
     Its CPU clock tells what it did in the kernel, and its process's reaped ticks whether it started a child and
     waited for it (a red-team helper's child ran 60 ms so in `process` isolation, where no clock of the judge's keeps
     an exited child's time)."""
@@ -886,10 +887,10 @@ def _stayed_stopped(at_stop: ThreadMark, now: ThreadMark | None) -> bool:
 def stop_job(uid: int | None, root_pid: int, signaller: UidSignaller | None = None) -> JobStop:
     """SIGSTOP every process of a worker's job; returns once the job holds still (`_stop_marks`) in two reads in a
     row with every thread off its CPU between them (_off_cpu) and none run, sending it again while it does not:
-    processes of the job that were still running while the stop went round can resume those already stopped
-    (kill(-1, SIGCONT) in a loop, or an exit that orphans a stopped process group). One read is no instant: a
-    process read as stopped can be resumed by one read later, stopped by then (a CI run of test_uid_signals.py saw a
-    stop return with the job running, 1 in 300). Two reads with no switch between saw every thread stopped at once,
+    processes of the job that were still running while the stop went round can resume those already stopped (an
+    exit that orphans a stopped process group; kill(-1, SIGCONT) in a loop, where no seccomp filter refuses it).
+    One read is no instant: a process read as stopped can be resumed by one read later, stopped by then (a CI run
+    of test_uid_signals.py saw a stop return with the job running, 1 in 300). Two reads with no switch between saw every thread stopped at once,
     at the end of the first, and nothing stopped resumes anything. A job not settled within STOP_SETTLE_S raises
     UnstoppableJobError."""
     started = time.monotonic()

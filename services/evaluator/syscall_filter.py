@@ -1,6 +1,7 @@
 """A seccomp filter every worker installs last in sandbox.enter(): sockets of the unix and inet families only; no
 io_uring, perf events, BPF, userfaultfd or kernel keys; no new user namespace; no extended attributes set; no
-limits, priorities or scheduling set for another process; no file leases; no way out of the worker's process tree.
+limits, priorities or scheduling set for another process; no file leases; no way out of the worker's process tree;
+no SIGCONT sent, now or later.
 
 Why, call by call (each found by a red-team candidate, or a way to what one found):
 - netlink sockets: their receive queues hold kernel memory that no memory cgroup is charged for and that no
@@ -39,6 +40,16 @@ Why, call by call (each found by a red-team candidate, or a way to what one foun
 - user namespaces (clone or unshare with CLONE_NEWUSER; clone3, whose flags sit in memory a filter cannot read,
   fails with ENOSYS and the C library falls back to clone, as under Docker's default profile): inside one a job
   holds every capability over its own namespaces, the kernel surface most privilege escalations have gone through.
+- SIGCONT, and every way to have a signal of one's choice sent later (timer_create and mq_notify, whose signal sits
+  in memory a filter cannot read: ENOSYS; fcntl F_SETSIG, the signal for a file's events: EPERM): the judge holds
+  a job stopped while it times or checks the other side, and only SIGCONT undoes a stop. A red-team helper armed
+  SIGCONT timers, then sat in long O_DIRECT writes: a thread in the kernel at a stop is taken as held, its timer
+  undid the stop pending for it, it ran a little code and was back in a write before the check, which then saw
+  nothing (`strict`: unflagged in 3 runs of 9). A stop must also hold against a thread in the kernel that sends a
+  signal as its call ends (kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo and pidfd_send_signal read
+  their siginfo from memory, which can fault and wait on a disk): each is refused SIGCONT (EPERM), and no kernel
+  benchmark or tool sends one. What is left to resume a held job is an exit (an orphaned stopped process group,
+  an exit or parent-death signal), and a stop takes no exiting thread, so the check sees it gone.
 
 The filter is classic BPF over `struct seccomp_data`, loaded with prctl(PR_SET_SECCOMP): no library is needed, and
 the filter is a few dozen instructions. It is inherited by every child and cannot be removed. A system call of
@@ -51,6 +62,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import platform
+import signal
 import socket
 from dataclasses import dataclass
 
@@ -61,8 +73,9 @@ SECCOMP_RET_ERRNO = 0x00050000
 # Classic BPF opcodes: BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_JMP|BPF_JGE|BPF_K, BPF_JMP|BPF_JSET|BPF_K,
 # BPF_RET|BPF_K.
 LOAD_WORD, JUMP_IF_EQUAL, JUMP_IF_AT_LEAST, JUMP_IF_ANY_BIT, RETURN = 0x20, 0x15, 0x35, 0x45, 0x06
-# Offsets in struct seccomp_data: the call's number, its ABI, the low word of its first argument (little-endian).
-NR_OFFSET, ARCH_OFFSET, FIRST_ARGUMENT_OFFSET, SECOND_ARGUMENT_OFFSET = 0, 4, 16, 24
+# Offsets in struct seccomp_data: the call's number, its ABI, the low words of its first three arguments
+# (little-endian).
+NR_OFFSET, ARCH_OFFSET, FIRST_ARGUMENT_OFFSET, SECOND_ARGUMENT_OFFSET, THIRD_ARGUMENT_OFFSET = 0, 4, 16, 24, 32
 X32_SYSCALL_BIT = 0x40000000
 CLONE_NEWUSER = 0x10000000
 CLONE_PARENT = 0x00008000
@@ -76,7 +89,7 @@ class Machine:
     clone: int
     unshare: int
     # Calls that fail with ENOSYS: io_uring_setup, _enter, _register, clone3 (the same numbers on both machines),
-    # perf_event_open, bpf, userfaultfd, add_key, request_key, keyctl.
+    # perf_event_open, bpf, userfaultfd, add_key, request_key, keyctl, timer_create, mq_notify.
     refused: tuple[int, ...]
     # Calls that fail with ENOTSUP: setxattr, lsetxattr, fsetxattr, setxattrat (463 on both).
     xattr_setters: tuple[int, ...]
@@ -86,8 +99,11 @@ class Machine:
     # setpriority and ioprio_set: allowed for (PRIO_PROCESS, 0) and (IOPRIO_WHO_PROCESS, 0) alone.
     setpriority: int
     ioprio_set: int
-    fcntl: int  # refused with F_SETLEASE
+    fcntl: int  # refused with F_SETLEASE or F_SETSIG
     prctl: int  # refused with PR_SET_CHILD_SUBREAPER
+    # Calls that send a signal, each with its signal's offset in struct seccomp_data: refused with SIGCONT. kill,
+    # tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo, pidfd_send_signal (424 on both).
+    signal_senders: tuple[tuple[int, int], ...]
 
 
 MACHINES = {
@@ -96,30 +112,46 @@ MACHINES = {
         41,
         56,
         272,
-        (425, 426, 427, 435, 298, 321, 323, 248, 249, 250),
+        (425, 426, 427, 435, 298, 321, 323, 248, 249, 250, 222, 244),
         (188, 189, 190, 463),
         (302, 142, 144, 314),
         141,
         251,
         72,
         157,
+        (
+            (62, SECOND_ARGUMENT_OFFSET),
+            (200, SECOND_ARGUMENT_OFFSET),
+            (234, THIRD_ARGUMENT_OFFSET),
+            (129, SECOND_ARGUMENT_OFFSET),
+            (297, THIRD_ARGUMENT_OFFSET),
+            (424, SECOND_ARGUMENT_OFFSET),
+        ),
     ),
     "aarch64": Machine(
         0xC00000B7,
         198,
         220,
         97,
-        (425, 426, 427, 435, 241, 280, 282, 217, 218, 219),
+        (425, 426, 427, 435, 241, 280, 282, 217, 218, 219, 107, 184),
         (5, 6, 7, 463),
         (261, 118, 119, 274),
         140,
         30,
         25,
         167,
+        (
+            (129, SECOND_ARGUMENT_OFFSET),
+            (130, SECOND_ARGUMENT_OFFSET),
+            (131, THIRD_ARGUMENT_OFFSET),
+            (138, SECOND_ARGUMENT_OFFSET),
+            (240, THIRD_ARGUMENT_OFFSET),
+            (424, SECOND_ARGUMENT_OFFSET),
+        ),
     ),
 }
 PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
-F_SETLEASE = 1024
+F_SETLEASE, F_SETSIG = 1024, 10
 ALLOWED_SOCKET_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6)
 
 
@@ -179,18 +211,17 @@ def program(machine: str) -> list[tuple[int, int, int, int]]:
             not_permitted,
             allow,
         ]
-    # A file lease, a child subreaper set or cleared: EPERM.
+    # A file lease or another signal for a file's events, a child subreaper set or cleared, SIGCONT sent: EPERM. Each
+    # value checked jumps to the EPERM after the last; the last one's "false" skips that return.
     for nr, offset, refused in (
-        (calls.fcntl, SECOND_ARGUMENT_OFFSET, F_SETLEASE),
-        (calls.prctl, FIRST_ARGUMENT_OFFSET, PR_SET_CHILD_SUBREAPER),
+        (calls.fcntl, SECOND_ARGUMENT_OFFSET, (F_SETLEASE, F_SETSIG)),
+        (calls.prctl, FIRST_ARGUMENT_OFFSET, (PR_SET_CHILD_SUBREAPER,)),
+        *((sender, offset, (signal.SIGCONT,)) for sender, offset in calls.signal_senders),
     ):
-        instructions += [
-            (JUMP_IF_EQUAL, 0, 4, nr),
-            (LOAD_WORD, 0, 0, offset),
-            (JUMP_IF_EQUAL, 0, 1, refused),
-            not_permitted,
-            allow,
-        ]
+        last = len(refused) - 1
+        instructions += [(JUMP_IF_EQUAL, 0, len(refused) + 3, nr), (LOAD_WORD, 0, 0, offset)]
+        instructions += [(JUMP_IF_EQUAL, last - i, int(i == last), value) for i, value in enumerate(refused)]
+        instructions += [not_permitted, allow]
     # Any call but socket: allowed. socket: its family must be one of ours (each check jumps to the last "allow").
     instructions += [(JUMP_IF_EQUAL, 1, 0, calls.socket), allow, (LOAD_WORD, 0, 0, FIRST_ARGUMENT_OFFSET)]
     families = len(ALLOWED_SOCKET_FAMILIES)

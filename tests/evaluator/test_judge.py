@@ -41,9 +41,9 @@ for _ in range(4):
 """,
 )
 
-# Arms one-shot POSIX timers that send the process SIGCONT 1 to 128 ms after each call, and spins in a thread: the
-# kernel resumes it after the judge stopped it (after a block's reply, or beside the reference's block) without any
-# of its processes running at the stop.
+# Arms one-shot POSIX timers that send the process SIGCONT 1 ms to 9 s after each call, and spins in a thread: the
+# kernel would resume it after the judge stopped it (after a block's reply, or beside the reference's block) without
+# any of its processes running at the stop.
 SIGCONT_TIMER = sources.candidate(
     """
 for timer, arm in zip(_TIMERS, _ARMS):
@@ -77,55 +77,6 @@ def _spin():
         sum(range(1000))
 
 threading.Thread(target=_spin, daemon=True).start()
-""",
-)
-
-# A chain of helper processes, each resumed by its own SIGCONT timers within 1 ms whenever the judge stops it (which
-# costs it microseconds): after 0.1 s one spawns the next and exits, so its clock leaves with it, and its successor,
-# none of the processes the stop found, starts up (tens of ms of CPU) beside the reference's block. In `process`
-# isolation (per-process clocks, no cgroup) that passed the judge's check of stopped jobs: `correct` at 1.04x for a
-# red-team job, `implausible_timing` but no `result_tampering` for this one. A worker thread reaps the exited helpers
-# (the worker is their subreaper).
-RESPAWNING_HELPERS = sources.candidate(
-    "return x.clamp_min(0) * self.scale",
-    prelude="""
-import os, subprocess, sys, threading, time
-
-_HELPER = r'''
-import ctypes, os, signal, sys, time
-
-class Event(ctypes.Structure):  # struct sigevent: value, signo, notify (SIGEV_SIGNAL = 0), padding
-    _fields_ = [("value", ctypes.c_void_p), ("signo", ctypes.c_int), ("notify", ctypes.c_int), ("pad", ctypes.c_byte * 48)]
-
-class Time(ctypes.Structure):
-    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
-
-class Spec(ctypes.Structure):
-    _fields_ = [("interval", Time), ("value", Time)]
-
-libc = ctypes.CDLL(None, use_errno=True)
-timers = [ctypes.c_void_p() for _ in range(50)]
-for timer in timers:
-    if libc.timer_create(1, ctypes.byref(Event(None, signal.SIGCONT, 0)), ctypes.byref(timer)) != 0:
-        raise OSError(ctypes.get_errno(), "timer_create")
-for _ in range(2):
-    # One-shot timers 1 to 50 ms ahead: a stop discards a SIGCONT pending then, and a periodic timer with it.
-    for ms, timer in enumerate(timers, 1):
-        libc.timer_settime(timer, 0, ctypes.byref(Spec(Time(0, 0), Time(0, ms * 1000000))), None)
-    time.sleep(0.05)
-os.posix_spawn(sys.executable, [sys.executable, "-c", sys.argv[1], sys.argv[1]], os.environ)
-os._exit(0)
-'''
-
-def _reap():
-    while True:
-        try:
-            os.wait()
-        except ChildProcessError:
-            time.sleep(0.01)
-
-subprocess.Popen([sys.executable, "-c", _HELPER, _HELPER])
-threading.Thread(target=_reap, daemon=True).start()
 """,
 )
 
@@ -722,23 +673,13 @@ def test_an_honest_candidate_that_sets_more_threads_runs_with_the_workers_own(an
     assert not set(result["flags"]) & HACK_FLAGS, result["flags"]
 
 
-def test_a_job_resumed_by_a_timer_while_stopped_is_caught(any_client: httpx.Client) -> None:
-    """Something the job armed before a stop resumes it without any of its processes running (a timer sending
-    SIGCONT); the judge sees its CPU clock move while it held the job stopped. Its spinning thread slows all its
-    commands: the limit leaves room for a loaded CI machine (it once ended `timeout` at 60 s there)."""
+def test_a_job_cannot_arm_a_timer_that_would_resume_it_while_stopped(any_client: httpx.Client) -> None:
+    """A timer sending SIGCONT resumes a stopped job without any of its processes running at the stop. The judge
+    would see its CPU clock move while it held the job (this candidate was `result_tampering` so), but a thread
+    waiting in the kernel at the stop, resumed so, can run a little and be waiting again by the check: no job may
+    arm one (timer_create fails with ENOSYS), and its module fails to load."""
     result = evaluate(any_client, SIGCONT_TIMER, timing_trials=10, timeout_s=180)
-    assert result["status"] == "rejected" and "result_tampering" in result["flags"], result
-    assert "ran while the judge held it stopped" in result["message"], result["message"]
-    assert_still_correct(any_client)
-
-
-def test_a_job_that_respawns_while_stopped_is_caught(any_client: httpx.Client) -> None:
-    """A job resumed by its own timer while stopped starts a process the stop never saw and exits; the judge sees
-    the stopped threads gone or switched, or the new child, whatever CPU clock left with the exited process."""
-    result = evaluate(any_client, RESPAWNING_HELPERS, timing_trials=10, timeout_s=180)
-    described = f"{result['status']} {result['flags']} {result['message'][-600:]}"
-    assert result["status"] == "rejected" and "result_tampering" in result["flags"], described
-    assert "held it stopped" in result["message"], result["message"]
+    assert result["status"] == "compile_error" and "[Errno 38] timer_create" in result["message"], result
     assert_still_correct(any_client)
 
 

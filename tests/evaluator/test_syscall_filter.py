@@ -1,6 +1,7 @@
 """The workers' seccomp filter, installed in a real process: unix and inet sockets, threads and child processes
 work; netlink and packet sockets, io_uring, perf events, kernel keys, new user namespaces, extended attributes and
-another process's limits, priorities and scheduling, file leases and ways out of the process tree do not, and children inherit it."""
+another process's limits, priorities and scheduling, file leases, ways out of the process tree and SIGCONT, sent or armed,
+do not, and children inherit it."""
 
 from __future__ import annotations
 
@@ -93,6 +94,32 @@ results["clone_parent"] = "ok" if child > 0 else errno.errorcode[ctypes.get_errn
 results["set_subreaper"] = "ok" if libc.prctl(36, 0, 0, 0, 0) == 0 else errno.errorcode[ctypes.get_errno()]
 flag = ctypes.c_int(-1)
 results["get_subreaper"] = "ok" if libc.prctl(37, ctypes.byref(flag), 0, 0, 0) == 0 else errno.errorcode[ctypes.get_errno()]
+# SIGCONT, sent now or armed to come later (a timer, a message queue's or a file's events), through the C library's
+# own calls; other signals still go.
+import signal, struct
+sigcont_event = ctypes.create_string_buffer(struct.pack("<qii", 0, signal.SIGCONT, 0), 64)  # SIGEV_SIGNAL
+timer = ctypes.c_void_p()
+info = ctypes.create_string_buffer(struct.pack("<iii", signal.SIGCONT, 0, -1), 128)  # SI_QUEUE
+tkill = 200 if platform.machine() == "x86_64" else 130
+pidfd = os.pidfd_open(os.getpid())
+for name, call in (
+    ("timer_create", lambda: libc.timer_create(1, sigcont_event, ctypes.byref(timer))),  # CLOCK_MONOTONIC
+    ("mq_notify", lambda: libc.mq_notify(-1, sigcont_event)),
+    ("kill_sigcont", lambda: libc.kill(os.getpid(), signal.SIGCONT)),
+    ("tkill_sigcont", lambda: libc.syscall(tkill, threading.get_native_id(), signal.SIGCONT)),
+    ("tgkill_sigcont", lambda: libc.pthread_kill(ctypes.c_ulong(threading.get_ident()), signal.SIGCONT)),
+    ("sigqueue_sigcont", lambda: libc.sigqueue(os.getpid(), signal.SIGCONT, ctypes.c_void_p(0))),
+    ("pthread_sigqueue_sigcont", lambda: libc.pthread_sigqueue(ctypes.c_ulong(threading.get_ident()), signal.SIGCONT, ctypes.c_void_p(0))),
+    ("pidfd_send_signal_sigcont", lambda: libc.syscall(424, pidfd, signal.SIGCONT, info, 0)),
+    ("f_setsig", lambda: libc.fcntl(lease_fd, 10, signal.SIGCONT)),  # F_SETSIG
+    ("f_setown", lambda: libc.fcntl(lease_fd, 8, os.getpid())),  # F_SETOWN
+    ("kill_sigurg", lambda: libc.kill(os.getpid(), signal.SIGURG)),  # ignored by default
+):
+    ctypes.set_errno(0)
+    outcome = call()
+    # pthread_kill and pthread_sigqueue return the error; the others set errno.
+    code = outcome if name.startswith("pthread") or name == "tgkill_sigcont" else ctypes.get_errno() if outcome != 0 else 0
+    results[name] = "ok" if code == 0 else errno.errorcode[code]
 ran = []
 thread = threading.Thread(target=ran.append, args=(1,))
 thread.start(); thread.join()
@@ -130,3 +157,8 @@ def test_the_filter_allows_unix_and_inet_sockets_only(tmp_path: Path) -> None:
     assert results["lease"] == "EPERM" and results["fcntl_getfl"] == results["flock"] == "ok", results
     # The judge stops a job by its worker's process tree: nothing may leave it.
     assert results["clone_parent"] == results["set_subreaper"] == "EPERM" and results["get_subreaper"] == "ok", results
+    # Only SIGCONT undoes the judge's stop: none is sent, nor armed to come while the job is held.
+    assert results["timer_create"] == results["mq_notify"] == "ENOSYS", results
+    senders = ("kill", "tkill", "tgkill", "sigqueue", "pthread_sigqueue", "pidfd_send_signal")
+    assert {results[f"{name}_sigcont"] for name in senders} | {results["f_setsig"]} == {"EPERM"}, results
+    assert results["f_setown"] == results["kill_sigurg"] == "ok", results
