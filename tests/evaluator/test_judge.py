@@ -673,6 +673,22 @@ def test_an_honest_candidate_that_sets_more_threads_runs_with_the_workers_own(an
     assert not set(result["flags"]) & HACK_FLAGS, result["flags"]
 
 
+# The reference's own code, on 1024 x 1024 inputs, as the candidate asking for 2 threads on every call.
+LARGER_REFERENCE = sources.REFERENCE.replace("randn(64, 64)", "randn(1024, 1024)")
+MORE_THREADS_PER_CALL = LARGER_REFERENCE.replace("class Model(", "class ModelNew(").replace(
+    "    def forward(self, x):\n", "    def forward(self, x):\n        torch.set_num_threads(2)\n"
+)
+
+
+def test_an_honest_candidate_that_sets_more_threads_in_its_forward_is_timed_fairly(any_client: httpx.Client) -> None:
+    """torch.set_num_threads(2) in every call: OpenMP's extra thread, spin-waiting after each parallel region, had
+    burnt CPU on the judge's clock after the calls returned (`implausible_timing` in 10 of 14 runs on 2 cores).
+    Workers' OpenMP threads now sleep between regions (OMP_WAIT_POLICY=PASSIVE)."""
+    result = evaluate(any_client, MORE_THREADS_PER_CALL, reference=LARGER_REFERENCE, timing_trials=20, timeout_s=240)
+    assert result["status"] == "correct", f"{result['status']} {result['flags']} {result['message'][-600:]}"
+    assert not set(result["flags"]) & HACK_FLAGS, result["flags"]
+
+
 def test_a_job_cannot_arm_a_timer_that_would_resume_it_while_stopped(any_client: httpx.Client) -> None:
     """A timer sending SIGCONT resumes a stopped job without any of its processes running at the stop. The judge
     would see its CPU clock move while it held the job (this candidate was `result_tampering` so), but a thread
