@@ -787,13 +787,15 @@ class UnstoppableJobError(RuntimeError):
 
 class ThreadMark(NamedTuple):
     """What /proc says of one thread of a job: its state letter, whether it is exiting, its context switches so
-    far (voluntary, involuntary), which move whenever it runs, and the CPU ticks of the children its process has
-    waited for (cutime + cstime, the same for every thread of a process), which move whenever it reaps one."""
+    far (voluntary, involuntary), which move whenever it runs, the CPU ticks of the children its process has
+    waited for (cutime + cstime, the same for every thread of a process), which move whenever it reaps one, and
+    whether its process has a controlling terminal."""
 
     state: bytes
     exiting: bool
     switches: tuple[int, ...]
     reaped_ticks: int = 0
+    has_terminal: bool = False
 
 
 class JobStop(NamedTuple):
@@ -827,18 +829,18 @@ def _thread_marks(pids: list[int]) -> tuple[dict[int, ThreadMark], set[int]]:
             except (OSError, IndexError):
                 continue  # exited meanwhile
             reaped_ticks = int(fields[13]) + int(fields[14])  # cutime, cstime
-            marks[int(tid)] = ThreadMark(fields[0], bool(int(fields[6]) & PF_EXITING), switches, reaped_ticks)
+            exiting, has_terminal = bool(int(fields[6]) & PF_EXITING), fields[4] != b"0"  # flags, tty_nr
+            marks[int(tid)] = ThreadMark(fields[0], exiting, switches, reaped_ticks, has_terminal)
     return marks, outside
 
 
 def _stop_marks(pids: list[int], waiting_settled: bool) -> dict[int, ThreadMark] | None:
     """Whether the job holds still: every thread of `pids` settled (stopped, a zombie, gone, or where
-    `waiting_settled`, waiting in the kernel and not exiting: STOP_WAITING_S) and none with a child outside `pids`.
-    Then each thread's mark; else None. An exiting thread cannot be stopped, and its exit can resume others: the
-    kernel sends SIGHUP and SIGCONT to a process group that the exit leaves orphaned with stopped members."""
+    `waiting_settled`, waiting in the kernel: STOP_WAITING_S) and none with a child outside `pids` or still able
+    to resume (_may_resume). Then each thread's mark; else None."""
     settled = b"ZXTtD" if waiting_settled else b"ZXTt"
     marks, outside = _thread_marks(pids)
-    if outside or any(m.state not in settled or (m.state in b"TtD" and m.exiting) for m in marks.values()):
+    if outside or any(m.state not in settled or _may_resume(m) for m in marks.values()):
         return None
     return marks
 
@@ -886,6 +888,19 @@ def _stayed_stopped(at_stop: ThreadMark, now: ThreadMark | None) -> bool:
     if at_stop.state in b"ZX":  # a thread that had exited: the kernel releases it, whenever it does
         return now is None or now == at_stop
     return now == at_stop
+
+
+def _may_resume(mark: ThreadMark) -> bool:
+    """Whether a thread read as stopped or waiting in the kernel can still be resumed by the kernel, with none of
+    the job's processes running. An exiting thread cannot be stopped, and its exit can resume others: the kernel
+    sends SIGHUP and SIGCONT to a process group that the exit leaves orphaned with stopped members. A terminal's
+    hangup sends them to the processes it controls, and a thread in the kernel can cause one as its call ends: a
+    red-team helper, a session leader with a pseudo-terminal, waited in a `sendfile` to a socket that held the last
+    reference to the terminal's master; the call's end released it, the hangup undid the stop pending for the
+    helper, which ran while its job was held, unflagged, about 90 times an evaluation. A stopped thread of
+    such a process is caught by the check if resumed (it switches); one in the kernel may switch, so it never counts
+    as settled: the stop waits for it."""
+    return (mark.state in b"TtD" and mark.exiting) or (mark.state == b"D" and mark.has_terminal)
 
 
 def stop_job(uid: int | None, root_pid: int, signaller: UidSignaller | None = None) -> JobStop:

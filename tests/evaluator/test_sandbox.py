@@ -18,7 +18,16 @@ import pytest
 
 from services.evaluator import sandbox
 from services.evaluator.pool import uid_count
-from services.evaluator.sandbox import JobStop, ThreadMark, _thread_marks, child_env, job_pids, ran_since_stop, stop_job
+from services.evaluator.sandbox import (
+    JobStop,
+    ThreadMark,
+    _stop_marks,
+    _thread_marks,
+    child_env,
+    job_pids,
+    ran_since_stop,
+    stop_job,
+)
 from tests.evaluator import sources
 from tests.evaluator.conftest import WORKERS, evaluate, sandbox_uid_base, server_env
 from tests.servers import REPO, run_service
@@ -230,6 +239,55 @@ def test_a_thread_whose_wait_in_the_kernel_ends_during_the_check_is_let_stop(mon
         assert "ran on" in ran_since_stop(in_the_kernel)
     finally:
         job.kill()
+        job.wait()
+
+
+# A session leader (with a pseudo-terminal as its controlling terminal when argv[1] is "terminal") parked in vfork:
+# it waits in the kernel (state D) while its child, stopped, never execs.
+VFORK_PARKED = r"""
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    setsid();
+    if (argc > 1 && strcmp(argv[1], "terminal") == 0) {
+        int master = posix_openpt(O_RDWR);
+        if (master < 0 || grantpt(master) || unlockpt(master) || open(ptsname(master), O_RDWR) < 0) return 1;
+    }
+    if (vfork() == 0) {
+        kill(getpid(), SIGSTOP);
+        _exit(0);
+    }
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_a_thread_waiting_in_the_kernel_never_counts_as_stopped_where_a_terminal_controls_it(
+    tmp_path: Path, terminal: bool
+) -> None:
+    """A stop takes a thread still waiting in the kernel after STOP_WAITING_S for stopped, but not one whose process
+    has a controlling terminal: the terminal's hangup, which the end of a call can cause, sends it SIGCONT (a red-team
+    helper ran while held so, unflagged). Read from a real vfork parent, with and without a pseudo-terminal."""
+    binary = tmp_path / "vfork_parked"
+    subprocess.run(["cc", "-x", "c", "-o", str(binary), "-"], input=VFORK_PARKED, text=True, check=True)
+    job = subprocess.Popen([str(binary), "terminal" if terminal else "none"])
+    try:
+        deadline = time.monotonic() + 10
+        while (marks := _thread_marks([job.pid])[0]).get(job.pid, ThreadMark(b"R", False, ())).state != b"D":
+            assert job.poll() is None and time.monotonic() < deadline, "the job never waited in vfork"
+            time.sleep(0.01)
+        assert marks[job.pid].has_terminal == terminal
+        with open(f"/proc/{job.pid}/task/{job.pid}/children") as handle:
+            (child,) = (int(pid) for pid in handle.read().split())
+        settled = _stop_marks([job.pid, child], waiting_settled=True)
+        assert (settled is None) == terminal, settled
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
         job.wait()
 
 
