@@ -1248,10 +1248,10 @@ class Judge:
         """A stopped job's processes neither run nor use CPU. Something the job armed before the stop could resume it
         without any of its processes running then (a timer that sends SIGCONT, which syscall_filter now refuses; an
         exit that orphans a stopped process group): it would then run beside the other side's block, or after the
-        judge read its clock. `ran`: what the job's threads show (sandbox.ran_since_stop), which tells even a run too short for
-        the clocks, or one whose process exited with its clock, or started one the stop never saw (a red-team job,
-        resumed by its own timer, spawned a process and exited: correct at 1.04x). Not where the service killed the
-        job meanwhile (its next command fails, and its verdict says why)."""
+        judge read its clock. `ran`: what the job's threads show (sandbox.ran_since_stop), which tells even a run
+        too short for the clocks, or one whose process exited with its clock, or started one the stop never saw (a
+        red-team job, resumed by its own timer, spawned a process and exited: correct at 1.04x). Not where the
+        service killed the job meanwhile (its next command fails, and its verdict says why)."""
         ran_s = max((now.get(pid, seconds) - seconds for pid, seconds in at_stop.items()), default=0.0)
         if ran_s > RAN_WHILE_STOPPED_S:
             self.run_state.flags["result_tampering"] = (

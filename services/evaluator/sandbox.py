@@ -897,9 +897,9 @@ def _may_resume(mark: ThreadMark) -> bool:
     hangup sends them to the processes it controls, and a thread in the kernel can cause one as its call ends: a
     red-team helper, a session leader with a pseudo-terminal, waited in a `sendfile` to a socket that held the last
     reference to the terminal's master; the call's end released it, the hangup undid the stop pending for the
-    helper, which ran while its job was held, unflagged, about 90 times an evaluation. A stopped thread of
-    such a process is caught by the check if resumed (it switches); one in the kernel may switch, so it never counts
-    as settled: the stop waits for it."""
+    helper, which ran while its job was held, unflagged, about 90 times an evaluation. A stopped thread of such a
+    process is caught by the check if resumed (it switches); one in the kernel may switch, so it never counts as
+    settled: the stop waits for it."""
     return (mark.state in b"TtD" and mark.exiting) or (mark.state == b"D" and mark.has_terminal)
 
 
@@ -909,9 +909,9 @@ def stop_job(uid: int | None, root_pid: int, signaller: UidSignaller | None = No
     processes of the job that were still running while the stop went round can resume those already stopped (an
     exit that orphans a stopped process group; kill(-1, SIGCONT) in a loop, where no seccomp filter refuses it).
     One read is no instant: a process read as stopped can be resumed by one read later, stopped by then (a CI run
-    of test_uid_signals.py saw a stop return with the job running, 1 in 300). Two reads with no switch between saw every thread stopped at once,
-    at the end of the first, and nothing stopped resumes anything. A job not settled within STOP_SETTLE_S raises
-    UnstoppableJobError."""
+    of test_uid_signals.py saw a stop return with the job running, 1 in 300). Two reads with no switch between saw
+    every thread stopped at once, at the end of the first, and nothing stopped resumes anything. A job not settled
+    within STOP_SETTLE_S raises UnstoppableJobError."""
     started = time.monotonic()
     deadline = started + STOP_SETTLE_S
     while True:

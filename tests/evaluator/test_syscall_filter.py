@@ -1,7 +1,7 @@
 """The workers' seccomp filter, installed in a real process: unix and inet sockets, threads and child processes
 work; netlink and packet sockets, io_uring, perf events, kernel keys, new user namespaces, extended attributes and
-another process's limits, priorities and scheduling, file leases, ways out of the process tree and SIGCONT, sent or armed,
-do not, and children inherit it."""
+another process's limits, priorities and scheduling, file leases, ways out of the process tree and SIGCONT, sent
+or armed, do not, and children inherit it."""
 
 from __future__ import annotations
 
@@ -109,7 +109,8 @@ for name, call in (
     ("tkill_sigcont", lambda: libc.syscall(tkill, threading.get_native_id(), signal.SIGCONT)),
     ("tgkill_sigcont", lambda: libc.pthread_kill(ctypes.c_ulong(threading.get_ident()), signal.SIGCONT)),
     ("sigqueue_sigcont", lambda: libc.sigqueue(os.getpid(), signal.SIGCONT, ctypes.c_void_p(0))),
-    ("pthread_sigqueue_sigcont", lambda: libc.pthread_sigqueue(ctypes.c_ulong(threading.get_ident()), signal.SIGCONT, ctypes.c_void_p(0))),
+    ("pthread_sigqueue_sigcont",
+     lambda: libc.pthread_sigqueue(ctypes.c_ulong(threading.get_ident()), signal.SIGCONT, ctypes.c_void_p(0))),
     ("pidfd_send_signal_sigcont", lambda: libc.syscall(424, pidfd, signal.SIGCONT, info, 0)),
     ("f_setsig", lambda: libc.fcntl(lease_fd, 10, signal.SIGCONT)),  # F_SETSIG
     ("f_setown", lambda: libc.fcntl(lease_fd, 8, os.getpid())),  # F_SETOWN
@@ -117,8 +118,9 @@ for name, call in (
 ):
     ctypes.set_errno(0)
     outcome = call()
-    # pthread_kill and pthread_sigqueue return the error; the others set errno.
-    code = outcome if name.startswith("pthread") or name == "tgkill_sigcont" else ctypes.get_errno() if outcome != 0 else 0
+    # pthread_kill (tgkill) and pthread_sigqueue return the error; the others set errno.
+    returns_error = name in ("tgkill_sigcont", "pthread_sigqueue_sigcont")
+    code = outcome if returns_error else ctypes.get_errno() if outcome != 0 else 0
     results[name] = "ok" if code == 0 else errno.errorcode[code]
 ran = []
 thread = threading.Thread(target=ran.append, args=(1,))
