@@ -40,16 +40,17 @@ Why, call by call (each found by a red-team candidate, or a way to what one foun
 - user namespaces (clone or unshare with CLONE_NEWUSER; clone3, whose flags sit in memory a filter cannot read,
   fails with ENOSYS and the C library falls back to clone, as under Docker's default profile): inside one a job
   holds every capability over its own namespaces, the kernel surface most privilege escalations have gone through.
-- SIGCONT, and every way to have a signal of one's choice sent later (timer_create and mq_notify, whose signal sits
-  in memory a filter cannot read: ENOSYS; fcntl F_SETSIG, the signal for a file's events: EPERM): the judge holds
-  a job stopped while it times or checks the other side, and only SIGCONT undoes a stop. A red-team helper armed
-  SIGCONT timers, then sat in long O_DIRECT writes: a thread in the kernel at a stop is taken as held, its timer
-  undid the stop pending for it, it ran a little code and was back in a write before the check, which then saw
-  nothing (`strict`: unflagged in 3 runs of 9). A stop must also hold against a thread in the kernel that sends a
-  signal as its call ends (kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo and pidfd_send_signal read
-  their siginfo from memory, which can fault and wait on a disk): each is refused SIGCONT (EPERM), and no kernel
-  benchmark or tool sends one. What is left to resume a held job is the kernel's own SIGCONT, after an exit (to an
-  orphaned stopped process group; an exit or parent-death signal) or a terminal's hangup: sandbox._may_resume.
+- SIGCONT, and every way to have a signal of one's choice sent later but on an exit (timer_create and mq_notify,
+  whose signal sits in memory a filter cannot read: ENOSYS; fcntl F_SETSIG, the signal for a file's events: EPERM):
+  the judge holds a job stopped while it times or checks the other side, and only SIGCONT undoes a stop. A
+  red-team helper armed SIGCONT timers, then sat in long O_DIRECT writes: a thread in the kernel at a stop is taken
+  as held, its timer undid the stop pending for it, it ran a little code and was back in a write before the check,
+  which then saw nothing (`strict`: unflagged in 3 runs of 9). A stop must also hold against a thread in the kernel
+  that sends a signal as its call ends (kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo and
+  pidfd_send_signal read their siginfo from memory, which can fault and wait on a disk): each is refused SIGCONT
+  (EPERM), and no kernel benchmark or tool sends one. What is left to resume a held job is the kernel's own
+  SIGCONT, after an exit (to an orphaned stopped process group; an exit or parent-death signal, which clone and
+  prctl may still choose) or a terminal's hangup: sandbox._may_resume.
 
 The filter is classic BPF over `struct seccomp_data`, loaded with prctl(PR_SET_SECCOMP): no library is needed, and
 the filter is a few dozen instructions. It is inherited by every child and cannot be removed. A system call of
