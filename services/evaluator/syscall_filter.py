@@ -48,9 +48,10 @@ Why, call by call (each found by a red-team candidate, or a way to what one foun
   which then saw nothing (`strict`: unflagged in 3 runs of 9). A stop must also hold against a thread in the kernel
   that sends a signal as its call ends (kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo and
   pidfd_send_signal read their siginfo from memory, which can fault and wait on a disk): each is refused SIGCONT
-  (EPERM), and no kernel benchmark or tool sends one. What is left to resume a held job is the kernel's own
-  SIGCONT, after an exit (to an orphaned stopped process group; an exit or parent-death signal, which clone and
-  prctl may still choose) or a terminal's hangup: sandbox._may_resume.
+  (EPERM), and no kernel benchmark or tool sends one. A terminal's leader still sends SIGCONT at once by giving
+  up its terminal (ioctl TIOCNOTTY), a running sender as any other, which the stop's re-reads outlast. What is
+  left to resume a held job is the kernel's own SIGCONT, after an exit (to an orphaned stopped process group; an
+  exit or parent-death signal, which clone and prctl may still choose) or a terminal's hangup: sandbox._may_resume.
 
 The filter is classic BPF over `struct seccomp_data`, loaded with prctl(PR_SET_SECCOMP): no library is needed, and
 the filter is a few dozen instructions. It is inherited by every child and cannot be removed. A system call of
