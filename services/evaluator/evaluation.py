@@ -1456,12 +1456,15 @@ def slower_outside_calls(reference: list[Block], candidate: list[Block], threads
     (divided by the worker's torch `threads`), and a process that exits before the reply takes its CPU time with it;
     work done there still takes wall time (on a GPU the two clocks are one).
 
-    The draw's time by the judge's clock is counted in the candidate's samples (charged_outside_calls), so here it is
-    flagged only beyond MAX_ROOM_SHARE of the step or of the block; the wall clock looks at the draw's time off the
-    CPU beyond what its CPU time explains (its wall time less its CPU time scaled as the reference's draws are),
-    which a process that draws slower on the CPU does not change, loaded machine or not: honest
-    candidates' draws cost them 13-17 % more CPU time than the reference's timer in every block of three rounds in
-    two CI runs, for a reason not found, and were rejected while the draw's whole time was compared."""
+    The draw's time by the judge's clock is not flagged: it is counted in the candidate's samples
+    (charged_outside_calls), so work moved there buys nothing, and the same drawing code's CPU time depends on the
+    machine too much to tell such work from chance (on a 2-core machine a block's 64x64 draws ran at about 25 or
+    about 45 us each, block by block, in both workers; honest candidates' draws cost them 13-17 % more than the
+    reference timer's in every block of three rounds in two CI runs, and 2.5 times as much in a third, and were
+    rejected while it was flagged).
+    The wall clock looks at the draw's time off the CPU beyond what its CPU time explains (its wall time less its CPU
+    time scaled as the reference's draws are), which a process that draws slower on the CPU does not change, loaded
+    machine or not."""
 
     # Off the CPU as the reference's draws are: a loaded machine makes every draw wait for a core in proportion to
     # its CPU time, so a draw slower on the CPU waits longer too.
@@ -1472,7 +1475,6 @@ def slower_outside_calls(reference: list[Block], candidate: list[Block], threads
         return block.drawn_wall_s - block.drawn_s * threads * wall_per_cpu_s
 
     judges_clock: list[tuple[str, Callable[[Block], float], float]] = [
-        ("drawing the inputs", lambda b: b.drawn_s, MAX_ROOM_SHARE),
         ("the output digest", lambda b: b.digest_s, UNEXPLAINED_SHARE),
         ("the digest and the time after the calls together", lambda b: b.unexplained_s + b.digest_s, UNEXPLAINED_SHARE),
     ]

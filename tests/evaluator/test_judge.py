@@ -4,6 +4,8 @@ is still scored correct."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
 
@@ -537,12 +539,22 @@ def test_an_output_forged_within_the_tolerance_is_caught_on_the_cpu(any_client: 
     assert_still_correct(any_client)
 
 
-def test_answers_computed_by_helpers_while_the_inputs_are_drawn_are_seen(any_client: httpx.Client) -> None:
-    """The helper's CPU time leaves with it; the wall time of the draw does not."""
+def assert_draw_flagged_or_charged(result: dict[str, Any]) -> None:
+    """Work moved into the draw by helpers that exit: where the job has a cgroup (strict isolation here) their CPU
+    time stays on the judge's clock and the draw's excess is counted in the samples, which leaves no speed beyond an
+    honest copy's (about 1x; 0.28x and 0.50x in one run); where it has none it leaves with them, and the draw's
+    time off the CPU is flagged."""
+    if result["status"] == "correct":
+        assert "charged_outside_calls" in result["flags"] and result["speedup"] < 1.5, result
+    else:
+        assert result["status"] == "rejected" and "implausible_timing" in result["flags"], result
+        assert "drawing the inputs" in result["message"], result["message"]
+
+
+def test_answers_computed_by_helpers_while_the_inputs_are_drawn_buy_no_speed(any_client: httpx.Client) -> None:
     candidate = DRAW_OFFLOAD.format(offloaded=20)
     result = evaluate(any_client, candidate, sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240)
-    assert result["status"] == "rejected" and "implausible_timing" in result["flags"], result
-    assert "drawing the inputs" in result["message"], result["message"]
+    assert_draw_flagged_or_charged(result)
     assert_still_correct(any_client)
 
 
@@ -553,15 +565,15 @@ def test_outputs_computed_by_helpers_after_the_timed_call_returned_are_seen(any_
     assert result["status"] == "rejected" and "implausible_timing" in result["flags"], result
 
 
-def test_answers_computed_while_the_inputs_are_drawn_in_just_over_half_of_few_blocks_are_seen(
+def test_answers_computed_while_the_inputs_are_drawn_in_just_over_half_of_few_blocks_buy_no_speed(
     any_client: httpx.Client,
 ) -> None:
     """11 of 20 blocks: the median is theirs, but the ranks of all pairs are not (z of about 2.96 against 3.09); it
-    scored correct at 4-18x in 7 of 9 runs. The slowest draws of both sides are the candidate's, 11 in a row."""
+    scored correct at 4-18x in 7 of 9 runs. The slowest draws of both sides are the candidate's, 11 in a row, and
+    each of those blocks is charged its own draw."""
     candidate = DRAW_OFFLOAD.format(offloaded=11)
     result = evaluate(any_client, candidate, sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240)
-    assert result["status"] == "rejected" and "implausible_timing" in result["flags"], result
-    assert "drawing the inputs" in result["message"], result["message"]
+    assert_draw_flagged_or_charged(result)
 
 
 def test_a_swapped_inputs_directory_never_makes_the_service_write_elsewhere(any_client: httpx.Client, tmp_path) -> None:  # noqa: ANN001

@@ -1,7 +1,7 @@
 """The steps around the timed calls (drawing the inputs, the digest) run the same code on both sides: a candidate
-slower there beyond chance (in nearly every pair of blocks, or in its slowest blocks), by either clock, by more than
-a quarter of the step or of its block, moved work out of its timed calls; what it takes there beyond the reference
-is counted in its samples (charged_outside_calls)."""
+slower there beyond chance (in nearly every pair of blocks, or in its slowest blocks) moved work out of its timed
+calls. The draw's CPU time beyond the reference's is counted in its samples (charged_outside_calls), never flagged;
+the draw's time off the CPU and the digest, by either clock, are flagged."""
 
 from __future__ import annotations
 
@@ -43,10 +43,13 @@ def test_the_same_steps_on_both_sides_are_not_flagged():
     assert slower_outside_calls(_blocks(rng, 2e-3, 2e-3), _blocks(rng, 2e-3, 2e-3)) == ""
 
 
-def test_a_draw_that_takes_cpu_time_is_flagged_by_the_judges_clock():
+def test_a_draw_that_takes_cpu_time_is_charged_not_flagged():
+    """Work moved into the draw by the judge's clock buys nothing (it is counted in the samples), and that clock cannot
+    tell it from a process whose identical draws run slower: an honest candidate was rejected so in CI."""
     rng = random.Random(1)
-    found = slower_outside_calls(_blocks(rng, 2e-3, 2e-3), _blocks(rng, 20e-3, 20e-3))
-    assert found.startswith("drawing the inputs") and "by the judge's clock" in found
+    reference, candidate = _timed(rng, 1.0, 2e-3, 2e-3), _timed(rng, 0.0, 10e-3, 10e-3)
+    assert slower_outside_calls(reference, candidate) == ""
+    assert 0.9 < _charged_median(reference, candidate) < 1.1
 
 
 def _every_draw_slower_by(extra_s: float, drawn_s: float = 11.9e-3) -> str:
@@ -76,9 +79,10 @@ def test_an_honest_candidates_slower_draws_on_a_loaded_machine_are_not_flagged()
     assert slower_outside_calls(reference, candidate) == ""
 
 
-def test_every_draw_slower_by_more_than_a_quarter_of_the_block_is_flagged():
-    found = _every_draw_slower_by(6e-3)
-    assert found.startswith("drawing the inputs") and "in nearly every pair of blocks" in found, found
+def test_an_honest_candidate_whose_draws_take_two_and_a_half_times_the_references_is_not_flagged():
+    """A CI run's draws: 55.5 against 22.4 ms per block by the judge's clock, their wall time as long as their CPU
+    time on both sides (rejected while the draw's CPU time was flagged)."""
+    assert _every_draw_slower_by(33.1e-3, drawn_s=22.4e-3) == ""
 
 
 def test_a_draw_that_takes_only_wall_time_is_flagged_by_the_wall_clock():
