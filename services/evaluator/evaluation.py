@@ -1557,14 +1557,22 @@ def charged_outside_calls(
     Charged only where the candidate's draws are slower beyond chance (CHARGE_Z): each honest draw varies by a few
     per cent, which on a small problem is several per cent of its calls' time (identical code scored 0.85-1.02x
     here, mean 0.92, when every block's excess was charged). Less than that noise moved into every draw goes
-    uncharged; work moved into just over half of the blocks, which sets the median, ranks at z 2.96."""
-    if _rank_z([b.drawn_s for b in candidate], [b.drawn_s for b in reference]) > CHARGE_Z:
-        theirs = statistics.median(b.drawn_s for b in reference) * threads
+    uncharged; work moved into just over half of the blocks, which sets the median, ranks at z 2.96. The draws of
+    the blocks whose samples set the median (those at or below it) pass the gate on their own as well: a candidate
+    that skipped the draw in the other blocks (drawing those inputs in its timed calls, which the median leaves
+    out) keeps all its draws' ranks near chance, and a simulated one, with work moved into the other 11 of 20
+    blocks' draws, was charged only beyond the reference's slowest draw (1.3-1.5x with draws of 3-10 % noise, up to
+    10x with draws of two speeds, as a 2-core machine's are)."""
+    theirs_draws = [b.drawn_s for b in reference]
+    median_ms = statistics.median(candidate_ms)
+    setting = [b.drawn_s for ms, b in zip(candidate_ms, candidate, strict=True) if ms <= median_ms]
+    if max(_rank_z([b.drawn_s for b in candidate], theirs_draws), _rank_z(setting, theirs_draws)) > CHARGE_Z:
+        theirs = statistics.median(theirs_draws) * threads
     else:
         # Below the gate, each block's draw beyond the slowest of the reference's: work moved into exactly half of a
         # round's blocks (5 of 10, whose median is the mean of the 5th and 6th) ranks at z 1.1, and a red-team
         # candidate doing so scored 2.0-5.6x uncharged; chance puts about one honest block a round there, by little.
-        theirs = max(b.drawn_s for b in reference) * threads
+        theirs = max(theirs_draws) * threads
     charged = [
         max(0.0, ms + (b.drawn_s * threads - theirs) * 1e3 / len(b.ms))
         for ms, b in zip(candidate_ms, candidate, strict=True)

@@ -256,6 +256,21 @@ def test_work_moved_into_exactly_half_of_ten_blocks_is_charged():
     assert 0.9 < _charged_median(reference, candidate) < 1.1
 
 
+def test_work_moved_into_the_draws_that_set_the_median_is_charged_whatever_the_other_draws_are():
+    """A red-team simulation: in 9 of 20 blocks the candidate's draw does nothing and its timed calls draw their own
+    inputs (slow samples, above the median); in the other 11 it moves 40 % of each call into the draw. Its 20 draws
+    rank near chance, so they were charged only beyond the reference's slowest draw, and the median credited what
+    that draw is slower than a typical one (1.5x here); the 11 draws that set the median rank beyond chance."""
+    rng = random.Random(21)
+    reference = _timed(rng, 1.0, 32e-3, 32e-3)
+    moved = _timed(rng, 0.6, 35.2e-3, 35.2e-3, count=11)
+    skipped = _timed(rng, 5.0, 0.1e-3, 0.1e-3, count=9)
+    candidate = moved + skipped
+    rng.shuffle(candidate)
+    assert statistics.median(b.per_call_ms for b in candidate) < 0.7
+    assert 0.9 < _charged_median(reference, candidate) < 1.1
+
+
 def test_faster_draws_earn_no_credit():
     rng = random.Random(14)
     reference = _timed(rng, 1.0, 4e-3, 4e-3)
