@@ -880,8 +880,8 @@ class Judge:
                 share = room_share(blocks)
                 threads = self.settings.threads_per_worker if self.gpu is None else 1
                 timing = judge_timing(blocks, self.reference, self.ready, self.request, kernels, share, threads)
-                # The draws of both sides by the judge's clock (reference / candidate, ms, medians): an honest
-                # candidate's round flagged as slower there (seen once, under load, in process isolation) says why.
+                # The draws of both sides by the judge's clock (reference / candidate, ms, medians): what an honest
+                # candidate's draws were charged for (their CPU time ran 2.5 times the timer's in a CI run) shows.
                 drawn = "/".join(
                     f"{statistics.median(b.drawn_s for b in blocks[side]) * 1e3:.2f}"
                     for side in ("reference", "candidate")
