@@ -1474,40 +1474,35 @@ def slower_outside_calls(reference: list[Block], candidate: list[Block], threads
     def draw_off_cpu(block: Block) -> float:
         return block.drawn_wall_s - block.drawn_s * threads * wall_per_cpu_s
 
-    judges_clock: list[tuple[str, Callable[[Block], float], float]] = [
-        ("the output digest", lambda b: b.digest_s, UNEXPLAINED_SHARE),
-        ("the digest and the time after the calls together", lambda b: b.unexplained_s + b.digest_s, UNEXPLAINED_SHARE),
+    judges_clock: list[tuple[str, Callable[[Block], float]]] = [
+        ("the output digest", lambda b: b.digest_s),
+        ("the digest and the time after the calls together", lambda b: b.unexplained_s + b.digest_s),
     ]
     # Each step, then steps together: work moved into the draw in some blocks and into the digest, or past the end
     # of the timed calls (hides_work), in others, too few blocks of each to see alone (a red-team candidate split 16
     # of 20 blocks between the draw and the time after its calls returned, 8 each, and scored correct at 1.3x and
     # 3.0x).
-    wall_clock: list[tuple[str, Callable[[Block], float], float]] = [
-        ("drawing the inputs (off the CPU)", draw_off_cpu, UNEXPLAINED_SHARE),
-        ("the output digest", lambda b: b.digest_wall_s, UNEXPLAINED_SHARE),
-        (
-            "drawing the inputs (off the CPU) and the digest together",
-            lambda b: draw_off_cpu(b) + b.digest_wall_s,
-            UNEXPLAINED_SHARE,
-        ),
+    wall_clock: list[tuple[str, Callable[[Block], float]]] = [
+        ("drawing the inputs (off the CPU)", draw_off_cpu),
+        ("the output digest", lambda b: b.digest_wall_s),
+        ("drawing the inputs (off the CPU) and the digest together", lambda b: draw_off_cpu(b) + b.digest_wall_s),
         (
             "all the time around the timed calls (drawing off the CPU, the block, the digest)",
             lambda b: draw_off_cpu(b) + b.unexplained_wall_s + b.digest_wall_s,
-            UNEXPLAINED_SHARE,
         ),
     ]
     for clock, steps, block_s in (
         ("the judge's clock", judges_clock, statistics.median(b.clocked_s for b in candidate)),
         ("the wall clock", wall_clock, statistics.median(b.wall_s for b in candidate)),
     ):
-        for step, value, share in steps:
+        for step, value in steps:
             ours, theirs = [value(b) for b in candidate], [value(b) for b in reference]
             # The slack is at least hides_work's (5 % of the block: an honest candidate's refills may cost it a
             # little more than the reference's in every block), and never below CLOCKED_SHARE of the candidate's
             # block, the room a report has anyway (judge_room_s): less work moved buys at most
             # 1 / (1 - CLOCKED_SHARE) of speed.
             scale = max(statistics.median(ours), block_s)
-            slack = max(share * scale, CLOCKED_SHARE * block_s) + UNEXPLAINED_SLACK_S
+            slack = max(UNEXPLAINED_SHARE * scale, CLOCKED_SHARE * block_s) + UNEXPLAINED_SLACK_S
             seen = _slower_beyond_chance(ours, theirs, slack, block_s)
             if seen:
                 return (
