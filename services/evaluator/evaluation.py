@@ -414,6 +414,9 @@ class Block:
     # the reply takes with it (helpers that compute the block's answers while the inputs are drawn).
     drawn_wall_s: float = 0.0
     digest_wall_s: float = 0.0
+    # The worker's word that a call's output shares memory a later call of the block writes again (believed of the
+    # reference's timer only: it decides whether every output is copied as its call returns, Judge.copy_outputs).
+    aliased: bool = False
 
     @property
     def unexplained_s(self) -> float:
@@ -461,6 +464,12 @@ class Judge:
         cpu = self.pool.timing_cpus.get(self.gpu) if self.gpu is not None else None
         self.pin: dict[str, int] = {"cpu": cpu} if cpu is not None else {}
         self.checks = 0
+        # Whether every timed call's output is copied as the call returns, on both sides: where the reference's calls
+        # write into memory a later call writes again, its outputs all hold the last call's answer by the end of a
+        # block, so a check of any other call compared the last answer on both sides (a red-team candidate that
+        # computed only the last call of each block against a reference with an output buffer scored correct at
+        # 3.2-3.4x). Decided by the reference's first warm-up block (None until then).
+        self.copy_outputs: bool | None = None
         # The last save's nonce and, where the candidate handed its output over in device memory rather than in a
         # file, the description its reply gave (device_handover).
         self.saved: tuple[str, list[Any] | None] = ("", None)
@@ -949,15 +958,22 @@ class Judge:
         - the warm-up blocks' outputs are checked by digest as timed blocks are (a fast wrong warm-up is
           `stale_output`), and a candidate slower than the reference in its warm-up by the wall clock is timed all
           the same and may reach the limit: that is its doing."""
-        warmup_calls = max(1, self.request.warmup_trials)
+        # At least two calls in the first block where blocks may hold two: it shows whether the reference's calls
+        # reuse their outputs' memory (copy_outputs).
+        warmup_calls = max(min(2, self.max_block_calls), self.request.warmup_trials)
         chunks = [
             self._fresh_seeds(min(self.max_block_calls, warmup_calls - start))
             for start in range(0, warmup_calls, self.max_block_calls)
         ]
         digest_seeds = [secrets.randbits(62) for _ in chunks]
-        reference = [
-            await self._block(timer, seeds, digest_seed=seed) for seeds, seed in zip(chunks, digest_seeds, strict=True)
-        ]
+        reference = []
+        for seeds, seed in zip(chunks, digest_seeds, strict=True):
+            block = await self._block(timer, seeds, digest_seed=seed)
+            if self.copy_outputs is None:
+                self.copy_outputs = block.aliased
+                if block.aliased:  # again, each output copied: the candidate's warm-up is held to these digests
+                    block = await self._block(timer, seeds, digest_seed=seed)
+            reference.append(block)
         reference_ms = [ms for block in reference for ms in block.ms]
         # Both sides run blocks of the same calls, sized from the reference's (trusted) time, so the time the
         # judge sees beyond the reported times has the same parts on both sides (the pipe, the refills).
@@ -1101,7 +1117,7 @@ class Judge:
             if one_set is None:
                 command: dict[str, Any] = {"op": "draw", "seeds": seeds}
                 _, drawn_s, drawn_wall_s = await self._command(worker, command, "drawn", clocked=True, hold=True)
-            command = {"op": "block", **(one_set or {})}
+            command = {"op": "block", **(one_set or {}), "copy": bool(self.copy_outputs)}
             hold = digest_seed is not None or check_call is not None
             reply, clocked_s, wall_s = await self._command(worker, command, "block", clocked=True, hold=hold)
             ms = reply.get("ms")
@@ -1118,8 +1134,19 @@ class Judge:
                 self.run_state.flags["result_tampering"] = "a timing reply without a sketch of each call's output"
                 raise CandidateFailure
             block = Block(
-                [float(v) for v in ms], clocked_s, wall_s, sketches, drawn_s=drawn_s, drawn_wall_s=drawn_wall_s
+                [float(v) for v in ms],
+                clocked_s,
+                wall_s,
+                sketches,
+                drawn_s=drawn_s,
+                drawn_wall_s=drawn_wall_s,
+                aliased=reply.get("aliased") is True,
             )
+            if worker is self.timer and block.aliased and self.copy_outputs is False:
+                raise EvaluatorFailure(
+                    "the reference's outputs began to share memory between the calls of a block only after its "
+                    "warm-up, whose blocks decide whether each output is copied"
+                )
             if check_call is not None and self.gpu is None:
                 block.held_hash = await self._read_held(worker, reply.get("regions"), calls, check_call)
             if digest_seed is not None:

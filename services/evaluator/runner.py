@@ -59,6 +59,7 @@ from services.evaluator.guards import Guard
 _save = torch.save
 _load = torch.load
 _copy = torch.Tensor.copy_
+_clone = torch.Tensor.clone
 _Tensor = torch.Tensor
 _no_grad = torch.no_grad
 _set_num_threads = torch.set_num_threads
@@ -575,7 +576,8 @@ def serve_timing(
                     if command.get("set") is not None or command.get("trial_seed") is not None:
                         times, outputs = _time_one_set(backend, model, inputs, command, outputs_like)
                     else:
-                        times, outputs = _time_drawn(backend, model, inputs)
+                        times, outputs = _time_drawn(backend, model, inputs, copy=command.get("copy") is True)
+                    aliased = _reused_by_later_calls(outputs, inputs.buffers)
                     # On a CPU the judge reads the checked output from this process's memory itself (held_memory):
                     # the sketch, which costs both sides' blocks time on the clock, is needed only on a GPU.
                     sketches, regions = None, None
@@ -587,7 +589,7 @@ def serve_timing(
             except BaseException:
                 context.emit("error", stage="timing", message=traceback.format_exc())
                 return
-            context.emit("block", nonce=command["nonce"], ms=times, sketches=sketches, regions=regions)
+            context.emit("block", nonce=command["nonce"], ms=times, sketches=sketches, regions=regions, aliased=aliased)
         elif op == "save":
             try:
                 replaced = _replaced(guard)
@@ -628,16 +630,50 @@ def serve_timing(
             outputs_like = _output_tensors(outputs)
 
 
-def _time_drawn(backend: KernelBackend, model: Any, inputs: InputSets) -> tuple[list[float], list[Any]]:
-    """A timed call on each drawn set, each on refilled buffers. A function of its own so that no name outlives the
-    block holding a set or an output: inputs can be most of the GPU's memory."""
+def _time_drawn(
+    backend: KernelBackend, model: Any, inputs: InputSets, copy: bool = False
+) -> tuple[list[float], list[Any]]:
+    """A timed call on each drawn set, each on refilled buffers; with `copy`, each output copied as its call returns
+    (outside the call's time), for a reference whose calls write into memory a later call writes again. A function of
+    its own so that no name outlives the block holding a set or an output: inputs can be most of the GPU's memory."""
     times, outputs = [], []
     for values in inputs.drawn:
         milliseconds, out = backend.time_call(model, inputs.refill(values))
         times.append(milliseconds)
-        outputs.append(out)
+        outputs.append(_copied(out) if copy else out)
     inputs.drawn = []
     return times, outputs
+
+
+def _copied(output: Any) -> Any:
+    """The output with each tensor copied into memory of its own (a tuple of any kind as a plain one)."""
+    if isinstance(output, list | tuple):
+        copied = [_clone(t) if isinstance(t, _Tensor) else t for t in output]
+        return tuple(copied) if isinstance(output, tuple) else copied
+    return _clone(output) if isinstance(output, _Tensor) else output
+
+
+def _reused_by_later_calls(outputs: list[Any], buffers: list[Any] | None) -> bool:
+    """Whether a call's output shares memory that a later call of the block writes again: another call's output
+    (a persistent output buffer returned by every call), or, in a block of more than one call, the input buffers
+    every call is refilled into (a view of an input). Each call's output then holds the last call's values by the
+    block's end, and a check of any other call would compare the last call's answer on both sides."""
+    seen: set[int] = set()
+    if len(outputs) > 1:
+        seen = {_storage(t) for t in buffers or [] if isinstance(t, _Tensor)} - {0}
+    for out in outputs:
+        tensors = {_storage(t) for t in (out if isinstance(out, list | tuple) else [out]) if isinstance(t, _Tensor)}
+        tensors.discard(0)
+        if tensors & seen:
+            return True
+        seen |= tensors
+    return False
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    """The address of the memory a tensor views (0 for none): views of one storage share it."""
+    storage = tensor.untyped_storage()
+    return storage.data_ptr() if storage.nbytes() else 0
 
 
 def _time_one_set(

@@ -10,6 +10,7 @@ import pytest
 
 from tests.evaluator import sources
 from tests.evaluator.conftest import evaluate
+from tests.evaluator.test_judge import LAST_CALL_ONLY, OUTPUT_BUFFER_REFERENCE
 
 # (candidate, expected status, text the message must contain, flags that must be set)
 CASES = {
@@ -117,3 +118,11 @@ return x.clamp_min(0) * self.scale
     )
     result = evaluate(request.getfixturevalue(server), sets_its_dtype, atol=1e-2, rtol=1e-2)
     assert result["status"] == "correct", result["message"]
+
+
+def test_a_reference_that_reuses_its_output_memory_has_every_call_checked(drawn_client: httpx.Client) -> None:
+    """As on the `files` path (test_judge.py): scored correct at 3.25x here when only the last call of each block was
+    left to check."""
+    result = evaluate(drawn_client, LAST_CALL_ONLY, OUTPUT_BUFFER_REFERENCE, timing_trials=40)
+    assert result["status"] in {"incorrect", "rejected"}, f"{result['status']} {result['flags']} {result['message']}"
+    assert result["speedup"] is None

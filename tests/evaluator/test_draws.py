@@ -101,6 +101,39 @@ def test_a_worker_holds_no_earlier_blocks_inputs_or_outputs_while_it_draws():
     assert earlier_alive == [0] * 6
 
 
+def _block_replies(model: Any, calls: int, copy: bool) -> list[dict[str, Any]]:
+    """The `block` reply to one block of `calls` calls, each output copied as its call returns where `copy`."""
+    block = [{"op": "draw", "seeds": list(range(calls)), "nonce": "d"}, {"op": "block", "nonce": "b", "copy": copy}]
+    context = _ScriptedContext([*block, {"op": "exit"}])
+    serve_timing(context, model, InputSets(context, lambda: [torch.randn(8)]), Guard())  # type: ignore[arg-type]
+    return [e for e in context.events if e["event"] == "block"]
+
+
+def test_a_block_says_whether_its_outputs_share_memory_a_later_call_writes_again():
+    """A reference that returns one buffer it keeps, or a view of the input buffers every call is refilled into,
+    leaves the last call's answer in every output of a block; the judge then has each output copied as its call
+    returns (Judge.copy_outputs), and the copies share nothing."""
+    kept = torch.zeros(8)
+
+    def into_kept(x: torch.Tensor) -> torch.Tensor:
+        return torch.mul(x, 2, out=kept)
+
+    def view_of_input(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x * 2, x[:4]
+
+    def fresh(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    assert _block_replies(into_kept, 2, copy=False)[0]["aliased"] is True
+    assert _block_replies(view_of_input, 2, copy=False)[0]["aliased"] is True
+    assert _block_replies(view_of_input, 1, copy=False)[0]["aliased"] is False  # checked before a refill
+    assert _block_replies(fresh, 3, copy=False)[0]["aliased"] is False
+    for model in (into_kept, view_of_input):
+        reply = _block_replies(model, 3, copy=True)[0]
+        assert reply["aliased"] is False
+        assert len({region[0] for call in reply["regions"] for region in call}) == 3 * len(reply["regions"][0])
+
+
 def test_a_signed_draw_maps_a_tensor_drawn_just_now_in_place():
     """A copy beside the drawn tensor (with a block's buffers) ran the largest KernelBench problems out of an H100's
     memory; a tensor drawn just now is the caller's alone, so it is mapped where it lies."""

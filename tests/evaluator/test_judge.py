@@ -633,6 +633,65 @@ def test_gamed_timing_or_outputs_never_score(
     assert_still_correct(any_client)
 
 
+# A reference that writes its answer into one buffer it keeps (an `out=` pattern) and returns it: every call of a
+# block returns the same memory, which holds the last call's answer by the block's end.
+OUTPUT_BUFFER_REFERENCE = """
+import torch
+
+class Model(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.register_buffer("out", torch.zeros(n, n))
+
+    def forward(self, x):
+        torch.matmul(x, x, out=self.out)
+        return self.out
+
+def get_inputs():
+    return [torch.randn(384, 384)]
+
+def get_init_inputs():
+    return [384]
+"""
+
+# Returns a buffer of its own as the reference does, and computes only the last call of each timed block (found
+# from the worker's frames) and every call outside them: scored correct at 3.2-3.4x in both isolation levels when
+# only that call's answer was left to check on both sides.
+LAST_CALL_ONLY = """
+import sys
+import torch
+
+def _timed_position():
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "_time_drawn":
+            return len(frame.f_locals["times"]), len(frame.f_locals["inputs"].drawn)
+        frame = frame.f_back
+    return None
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.register_buffer("buf", torch.zeros(n, n))
+
+    def forward(self, x):
+        where = _timed_position()
+        if where is None or where[0] == where[1] - 1:
+            torch.matmul(x, x, out=self.buf)
+        return self.buf
+"""
+
+
+def test_a_reference_that_reuses_its_output_memory_has_every_call_checked(any_client: httpx.Client) -> None:
+    result = evaluate(any_client, LAST_CALL_ONLY, OUTPUT_BUFFER_REFERENCE, timing_trials=40)
+    assert result["status"] in {"incorrect", "rejected"}, f"{result['status']} {result['flags']} {result['message']}"
+    assert result["speedup"] is None
+    honest = OUTPUT_BUFFER_REFERENCE.replace("class Model(", "class ModelNew(")
+    result = evaluate(any_client, honest, OUTPUT_BUFFER_REFERENCE, timing_trials=40)
+    assert result["status"] == "correct", f"{result['flags']} {result['message']}"
+    assert result["speedup"] is not None and result["speedup"] < 2, result
+
+
 @pytest.mark.parametrize(
     ("candidate", "named"),
     [

@@ -305,3 +305,17 @@ def test_checked_outputs_reach_the_timer_in_device_memory(service: str) -> None:
     assert result["status"] == "correct", result["message"]
     phases = result["phases_s"]
     assert phases["compare_handover"] > 0 and phases["compare_copy"] == 0, phases
+
+
+def test_a_reference_that_reuses_its_output_memory_has_every_call_checked_on_the_gpu(service: str) -> None:
+    """test_judge.py's candidate that computes only the last call of each block against a reference that returns
+    one buffer it keeps, on the GPU: each call's output is copied as it returns, on both sides, and checked."""
+    from tests.evaluator.test_judge import LAST_CALL_ONLY, OUTPUT_BUFFER_REFERENCE
+
+    reference = OUTPUT_BUFFER_REFERENCE.replace("384", "2048")
+    result = evaluate(service, LAST_CALL_ONLY, reference_source=reference, timing_trials=40)
+    assert result["status"] in {"incorrect", "rejected"}, f"{result['status']} {result['flags']} {result['message']}"
+    honest = reference.replace("class Model(", "class ModelNew(")
+    result = evaluate(service, honest, reference_source=reference, timing_trials=40)
+    assert result["status"] == "correct", f"{result['flags']} {result['message']}"
+    assert result["speedup"] is not None and 0.8 < result["speedup"] < 1.25, result
