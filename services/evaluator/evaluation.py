@@ -74,6 +74,9 @@ RECHECK_SETS = 1
 RAN_WHILE_STOPPED_S = 0.002
 # Share of timed candidate blocks whose output (of one call, chosen after the block) is checked; the last always is.
 CHECK_PROBABILITY = 0.25
+# Which blocks and calls are checked, from the operating system's generator: the module's own is a Mersenne Twister
+# whose state the choices it made (a check's call and whether one was made, seen by the candidates) would give away.
+_unpredictable = random.SystemRandom()
 # The candidate's time not explained by its report may exceed the reference's (median per block) by this share of
 # the block's wall time plus this many seconds, or by less than chance under load allows (a one-sided rank test at
 # this z, about p = 0.001); more means work the report hides (another stream, a false report).
@@ -1064,7 +1067,7 @@ class Judge:
             seeds, digest_seed = self._fresh_seeds(calls), secrets.randbits(62)
             # Chosen now, told to no worker: whether a call of this block is checked in full, and which.
             last = index == count - 1
-            check_call = random.randrange(calls) if last or random.random() < CHECK_PROBABILITY else None
+            check_call = secrets.randbelow(calls) if last or _unpredictable.random() < CHECK_PROBABILITY else None
             order = ("reference", "candidate") if index % 2 == 0 else ("candidate", "reference")
             for role in order:
                 if role == "reference":
