@@ -438,6 +438,11 @@ class Block:
         return sum(self.ms) / len(self.ms)
 
 
+class _OutputsReused(Exception):  # noqa: N818 - a signal to run again, not an error
+    """The reference's timer said a block's outputs share memory a later call of the block writes again, while
+    outputs were not copied (Judge.copy_outputs)."""
+
+
 class CandidateFailure(Exception):  # noqa: N818 - ends the candidate's run; the verdict comes from what was seen
     """The candidate's worker stopped answering the judge (it died, raised, or its time ran out)."""
 
@@ -468,11 +473,11 @@ class Judge:
         self.pin: dict[str, int] = {"cpu": cpu} if cpu is not None else {}
         self.checks = 0
         # Whether every timed call's output is copied as the call returns, on both sides: where the reference's calls
-        # write into memory a later call writes again, its outputs all hold the last call's answer by the end of a
-        # block, so a check of any other call compared the last answer on both sides (a red-team candidate that
+        # write into memory a later call of the block writes again, its outputs hold a later call's answer by the end
+        # of the block, so a check of an earlier call compared that answer on both sides (a red-team candidate that
         # computed only the last call of each block against a reference with an output buffer scored correct at
-        # 3.2-3.4x). Decided by the reference's first warm-up block (None until then).
-        self.copy_outputs: bool | None = None
+        # 3.2-3.4x). Turned on by the first block of the reference's timer that says so (_block).
+        self.copy_outputs = False
         # The last save's nonce and, where the candidate handed its output over in device memory rather than in a
         # file, the description its reply gave (device_handover).
         self.saved: tuple[str, list[Any] | None] = ("", None)
@@ -887,7 +892,10 @@ class Judge:
             rounds: list[str] = []
             for round_index in range(TIMING_ROUNDS):
                 round_started = time.monotonic()
-                blocks = await self._timed_blocks(candidate, timer, calls)
+                try:
+                    blocks = await self._timed_blocks(candidate, timer, calls)
+                except _OutputsReused:  # the round's checks compared answers later calls left: again, with copies
+                    blocks = await self._timed_blocks(candidate, timer, calls)
                 round_s = time.monotonic() - round_started
                 share = room_share(blocks)
                 threads = self.settings.threads_per_worker if self.gpu is None else 1
@@ -961,9 +969,7 @@ class Judge:
         - the warm-up blocks' outputs are checked by digest as timed blocks are (a fast wrong warm-up is
           `stale_output`), and a candidate slower than the reference in its warm-up by the wall clock is timed all
           the same and may reach the limit: that is its doing."""
-        # At least two calls in the first block where blocks may hold two: it shows whether the reference's calls
-        # reuse their outputs' memory (copy_outputs).
-        warmup_calls = max(min(2, self.max_block_calls), self.request.warmup_trials)
+        warmup_calls = max(1, self.request.warmup_trials)
         chunks = [
             self._fresh_seeds(min(self.max_block_calls, warmup_calls - start))
             for start in range(0, warmup_calls, self.max_block_calls)
@@ -971,12 +977,10 @@ class Judge:
         digest_seeds = [secrets.randbits(62) for _ in chunks]
         reference = []
         for seeds, seed in zip(chunks, digest_seeds, strict=True):
-            block = await self._block(timer, seeds, digest_seed=seed)
-            if self.copy_outputs is None:
-                self.copy_outputs = block.aliased
-                if block.aliased:  # again, each output copied: the candidate's warm-up is held to these digests
-                    block = await self._block(timer, seeds, digest_seed=seed)
-            reference.append(block)
+            try:
+                reference.append(await self._block(timer, seeds, digest_seed=seed))
+            except _OutputsReused:  # again, each output copied: the candidate's warm-up is held to these digests
+                reference.append(await self._block(timer, seeds, digest_seed=seed))
         reference_ms = [ms for block in reference for ms in block.ms]
         # Both sides run blocks of the same calls, sized from the reference's (trusted) time, so the time the
         # judge sees beyond the reported times has the same parts on both sides (the pipe, the refills).
@@ -1120,7 +1124,7 @@ class Judge:
             if one_set is None:
                 command: dict[str, Any] = {"op": "draw", "seeds": seeds}
                 _, drawn_s, drawn_wall_s = await self._command(worker, command, "drawn", clocked=True, hold=True)
-            command = {"op": "block", **(one_set or {}), "copy": bool(self.copy_outputs)}
+            command = {"op": "block", **(one_set or {}), "copy": self.copy_outputs}
             hold = digest_seed is not None or check_call is not None
             reply, clocked_s, wall_s = await self._command(worker, command, "block", clocked=True, hold=hold)
             ms = reply.get("ms")
@@ -1145,11 +1149,13 @@ class Judge:
                 drawn_wall_s=drawn_wall_s,
                 aliased=reply.get("aliased") is True,
             )
-            if worker is self.timer and block.aliased and self.copy_outputs is False:
-                raise EvaluatorFailure(
-                    "the reference's outputs began to share memory between the calls of a block only after its "
-                    "warm-up, whose blocks decide whether each output is copied"
-                )
+            if worker is self.timer and block.aliased and not self.copy_outputs:
+                # The block's expected outputs are not each its call's: copies from now on, and this block, or the
+                # round it is part of, again (a reference that writes a ring of kept buffers shows it only once a
+                # block holds more calls than the ring).
+                self.copy_outputs = True
+                log.info("the reference's outputs share memory a later call writes again: each output is copied")
+                raise _OutputsReused
             if check_call is not None and self.gpu is None:
                 block.held_hash = await self._read_held(worker, reply.get("regions"), calls, check_call)
             if digest_seed is not None:

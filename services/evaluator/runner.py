@@ -646,11 +646,13 @@ def _time_drawn(
 
 
 def _copied(output: Any) -> Any:
-    """The output with each tensor copied into memory of its own (a tuple of any kind as a plain one)."""
+    """The output with each plain tensor copied into memory of its own (a tuple of any kind as a plain one). Anything
+    else is left as it is, for the block to refuse (output_digest.plain): copying a subclass would run its
+    `__torch_function__`, code of the candidate's that could compute the answer there and return a plain tensor."""
     if isinstance(output, list | tuple):
-        copied = [_clone(t) if isinstance(t, _Tensor) else t for t in output]
+        copied = [_clone(t) if type(t) is _Tensor else t for t in output]
         return tuple(copied) if isinstance(output, tuple) else copied
-    return _clone(output) if isinstance(output, _Tensor) else output
+    return _clone(output) if type(output) is _Tensor else output
 
 
 def _reused_by_later_calls(outputs: list[Any], buffers: list[Any] | None) -> bool:

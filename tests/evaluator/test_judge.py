@@ -682,12 +682,85 @@ class ModelNew(torch.nn.Module):
 """
 
 
-def test_a_reference_that_reuses_its_output_memory_has_every_call_checked(any_client: httpx.Client) -> None:
-    result = evaluate(any_client, LAST_CALL_ONLY, OUTPUT_BUFFER_REFERENCE, timing_trials=40)
-    assert result["status"] in {"incorrect", "rejected"}, f"{result['status']} {result['flags']} {result['message']}"
+# Two kept buffers in turn: a block's outputs share memory only once it holds more than two calls (the warm-up's
+# blocks may not), which the judge learns in the middle of a timing round.
+RING_BUFFER_REFERENCE = """
+import torch
+
+class Model(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.register_buffer("a", torch.zeros(n, n))
+        self.register_buffer("b", torch.zeros(n, n))
+        self.calls = 0
+
+    def forward(self, x):
+        out = self.a if self.calls % 2 == 0 else self.b
+        self.calls += 1
+        torch.matmul(x, x, out=out)
+        return out
+
+def get_inputs():
+    return [torch.randn(128, 128)]
+
+def get_init_inputs():
+    return [128]
+"""
+
+# Once outputs are copied, returns a tensor subclass of its buffer whose copy computes the answer (its
+# `__torch_function__` runs outside the timed call) and is a plain tensor.
+LAZY_COPY = """
+import sys
+import torch
+
+def _copying():
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "_time_drawn":
+            return frame.f_locals.get("copy") is True
+        frame = frame.f_back
+    return False
+
+class Lazy(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.clone and type(args[0]) is Lazy:
+            x = args[0].__dict__["_x"]
+            return torch.matmul(x, x)
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.register_buffer("buf", torch.zeros(n, n))
+
+    def forward(self, x):
+        if _copying():
+            out = torch.Tensor._make_subclass(Lazy, self.buf)
+            out.__dict__["_x"] = x
+            return out
+        torch.matmul(x, x, out=self.buf)
+        return self.buf
+"""
+
+
+@pytest.mark.parametrize("candidate", [LAST_CALL_ONLY, LAZY_COPY], ids=["last_call_only", "lazy_copy"])
+def test_a_reference_that_reuses_its_output_memory_has_every_call_checked(
+    any_client: httpx.Client, candidate: str
+) -> None:
+    result = evaluate(any_client, candidate, OUTPUT_BUFFER_REFERENCE, timing_trials=40)
+    assert result["status"] in {"incorrect", "rejected", "runtime_error"}, (
+        f"{result['status']} {result['flags']} {result['message']}"
+    )
     assert result["speedup"] is None
-    honest = OUTPUT_BUFFER_REFERENCE.replace("class Model(", "class ModelNew(")
-    result = evaluate(any_client, honest, OUTPUT_BUFFER_REFERENCE, timing_trials=40)
+
+
+@pytest.mark.parametrize("reference", [OUTPUT_BUFFER_REFERENCE, RING_BUFFER_REFERENCE], ids=["buffer", "ring"])
+def test_an_honest_copy_of_a_reference_that_reuses_its_output_memory_is_correct(
+    any_client: httpx.Client, reference: str
+) -> None:
+    result = evaluate(any_client, reference.replace("class Model(", "class ModelNew("), reference, timing_trials=40)
     assert result["status"] == "correct", f"{result['flags']} {result['message']}"
     assert result["speedup"] is not None and result["speedup"] < 2, result
 
