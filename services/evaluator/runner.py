@@ -658,8 +658,8 @@ def _copied(output: Any) -> Any:
 def _reused_by_later_calls(outputs: list[Any], buffers: list[Any] | None) -> bool:
     """Whether a call's output shares memory that a later call of the block writes again: another call's output
     (a persistent output buffer returned by every call), or, in a block of more than one call, the input buffers
-    every call is refilled into (a view of an input). Each call's output then holds the last call's values by the
-    block's end, and a check of any other call would compare the last call's answer on both sides."""
+    every call is refilled into (a view of an input). That output then holds a later call's values by the block's
+    end, and a check of its call would compare the later call's answer on both sides."""
     seen: set[int] = set()
     if len(outputs) > 1:
         seen = {_storage(t) for t in buffers or [] if isinstance(t, _Tensor)} - {0}
