@@ -654,20 +654,22 @@ def get_init_inputs():
     return [384]
 """
 
-# Returns a buffer of its own as the reference does, and computes only the last call of each timed block (found
-# from the worker's frames) and every call outside them: scored correct at 3.2-3.4x in both isolation levels when
-# only that call's answer was left to check on both sides.
-LAST_CALL_ONLY = """
+# A candidate that keeps a buffer of its own as the reference does and finds its timed block's loop (`_time_drawn`)
+# from its frames: `{setup}` at the top, `{forward}` the body of its forward, which `_timed_block()` lets see the
+# loop's names (None outside a timed block).
+BUFFER_CANDIDATE = """
 import sys
 import torch
 
-def _timed_position():
+def _timed_block():
     frame = sys._getframe(2)
     while frame is not None:
         if frame.f_code.co_name == "_time_drawn":
-            return len(frame.f_locals["times"]), len(frame.f_locals["inputs"].drawn)
+            return frame.f_locals
         frame = frame.f_back
     return None
+
+{setup}
 
 class ModelNew(torch.nn.Module):
     def __init__(self, n):
@@ -675,12 +677,19 @@ class ModelNew(torch.nn.Module):
         self.register_buffer("buf", torch.zeros(n, n))
 
     def forward(self, x):
-        where = _timed_position()
-        if where is None or where[0] == where[1] - 1:
-            torch.matmul(x, x, out=self.buf)
-        return self.buf
+{forward}
 """
 
+# Computes only the last call of each timed block, and every call outside them: scored correct at 3.2-3.4x in both
+# isolation levels when only that call's answer was left to check on both sides.
+LAST_CALL_ONLY = BUFFER_CANDIDATE.format(
+    setup="",
+    forward="""\
+        block = _timed_block()
+        if block is None or len(block["times"]) == len(block["inputs"].drawn) - 1:
+            torch.matmul(x, x, out=self.buf)
+        return self.buf""",
+)
 
 # Two kept buffers in turn: a block's outputs share memory only once it holds more than two calls (the warm-up's
 # blocks may not), which the judge learns in the middle of a timing round.
@@ -709,18 +718,8 @@ def get_init_inputs():
 
 # Once outputs are copied, returns a tensor subclass of its buffer whose copy computes the answer (its
 # `__torch_function__` runs outside the timed call) and is a plain tensor.
-LAZY_COPY = """
-import sys
-import torch
-
-def _copying():
-    frame = sys._getframe(2)
-    while frame is not None:
-        if frame.f_code.co_name == "_time_drawn":
-            return frame.f_locals.get("copy") is True
-        frame = frame.f_back
-    return False
-
+LAZY_COPY = BUFFER_CANDIDATE.format(
+    setup="""\
 class Lazy(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -728,37 +727,22 @@ class Lazy(torch.Tensor):
             x = args[0].__dict__["_x"]
             return torch.matmul(x, x)
         with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **(kwargs or {}))
-
-class ModelNew(torch.nn.Module):
-    def __init__(self, n):
-        super().__init__()
-        self.register_buffer("buf", torch.zeros(n, n))
-
-    def forward(self, x):
-        if _copying():
+            return func(*args, **(kwargs or {}))""",
+    forward="""\
+        block = _timed_block()
+        if block is not None and block.get("copy") is True:
             out = torch.Tensor._make_subclass(Lazy, self.buf)
             out.__dict__["_x"] = x
             return out
         torch.matmul(x, x, out=self.buf)
-        return self.buf
-"""
-
+        return self.buf""",
+)
 
 # Once outputs are copied, returns its buffer untouched and computes each answer in the copy, through a torch function
 # mode it pushed (the copy runs in its process): the time after its calls shows it.
-MODE_IN_THE_COPY = """
-import sys
-import torch
+MODE_IN_THE_COPY = BUFFER_CANDIDATE.format(
+    setup="""\
 from torch.overrides import TorchFunctionMode
-
-def _copying():
-    frame = sys._getframe(2)
-    while frame is not None:
-        if frame.f_code.co_name == "_time_drawn":
-            return frame.f_locals.get("copy") is True
-        frame = frame.f_back
-    return False
 
 PENDING = []
 
@@ -769,20 +753,15 @@ class _Mode(TorchFunctionMode):
             return torch.matmul(x, x)
         return func(*args, **(kwargs or {}))
 
-_Mode().__enter__()
-
-class ModelNew(torch.nn.Module):
-    def __init__(self, n):
-        super().__init__()
-        self.register_buffer("buf", torch.zeros(n, n))
-
-    def forward(self, x):
-        if _copying():
+_Mode().__enter__()""",
+    forward="""\
+        block = _timed_block()
+        if block is not None and block.get("copy") is True:
             PENDING.append(x)
             return self.buf
         torch.matmul(x, x, out=self.buf)
-        return self.buf
-"""
+        return self.buf""",
+)
 
 
 @pytest.mark.parametrize(
