@@ -656,26 +656,34 @@ def _copied(output: Any) -> Any:
 
 
 def _reused_by_later_calls(outputs: list[Any], buffers: list[Any] | None) -> bool:
-    """Whether a call's output shares memory that a later call of the block writes again: another call's output
+    """Whether a call's output lies in memory that a later call of the block writes again: another call's output
     (a persistent output buffer returned by every call), or, in a block of more than one call, the input buffers
     every call is refilled into (a view of an input). That output then holds a later call's values by the block's
-    end, and a check of its call would compare the later call's answer on both sides."""
-    seen: set[int] = set()
+    end, and a check of its call would compare the later call's answer. Byte ranges, not storages: disjoint slices
+    of one storage, one per call, are each their call's."""
+    seen: list[tuple[int, int]] = []
     if len(outputs) > 1:
-        seen = {_storage(t) for t in buffers or [] if isinstance(t, _Tensor)} - {0}
+        seen = [span for t in buffers or [] if isinstance(t, _Tensor) for span in _span(t)]
     for out in outputs:
-        tensors = {_storage(t) for t in (out if isinstance(out, list | tuple) else [out]) if isinstance(t, _Tensor)}
-        tensors.discard(0)
-        if tensors & seen:
+        spans = [
+            span
+            for t in (out if isinstance(out, list | tuple) else [out])
+            if isinstance(t, _Tensor)
+            for span in _span(t)
+        ]
+        if any(start < other_end and other_start < end for start, end in spans for other_start, other_end in seen):
             return True
-        seen |= tensors
+        seen += spans
     return False
 
 
-def _storage(tensor: torch.Tensor) -> int:
-    """The address of the memory a tensor views (0 for none): views of one storage share it."""
-    storage = tensor.untyped_storage()
-    return storage.data_ptr() if storage.nbytes() else 0
+def _span(tensor: torch.Tensor) -> list[tuple[int, int]]:
+    """The bytes a tensor's elements lie within, [first, past the last) (none for an empty tensor)."""
+    if tensor.numel() == 0:
+        return []
+    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
+    start = tensor.data_ptr()
+    return [(start, start + (last + 1) * tensor.element_size())]
 
 
 def _time_one_set(

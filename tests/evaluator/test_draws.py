@@ -110,9 +110,9 @@ def _block_replies(model: Any, calls: int, copy: bool) -> list[dict[str, Any]]:
 
 
 def test_a_block_says_whether_its_outputs_share_memory_a_later_call_writes_again():
-    """A reference that returns one buffer it keeps, or a view of the input buffers every call is refilled into,
-    leaves the last call's answer in every output of a block; the judge then has each output copied as its call
-    returns (Judge.copy_outputs), and the copies share nothing."""
+    """A model that returns one buffer it keeps, or a view of the input buffers every call is refilled into, leaves
+    the last call's answer in every output of a block; the judge then has each output copied as its call returns
+    (Judge.copy_outputs), and the copies share nothing. Slices of one storage, one per call, share no bytes."""
     kept = torch.zeros(8)
 
     def into_kept(x: torch.Tensor) -> torch.Tensor:
@@ -124,10 +124,17 @@ def test_a_block_says_whether_its_outputs_share_memory_a_later_call_writes_again
     def fresh(x: torch.Tensor) -> torch.Tensor:
         return x * 2
 
+    slots, calls = torch.zeros(3, 8), [0]  # one storage, a slice of it per call
+
+    def own_slot(x: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        return torch.mul(x, 2, out=slots[calls[0] - 1])
+
     assert _block_replies(into_kept, 2, copy=False)[0]["aliased"] is True
     assert _block_replies(view_of_input, 2, copy=False)[0]["aliased"] is True
     assert _block_replies(view_of_input, 1, copy=False)[0]["aliased"] is False  # checked before a refill
     assert _block_replies(fresh, 3, copy=False)[0]["aliased"] is False
+    assert _block_replies(own_slot, 3, copy=False)[0]["aliased"] is False
     for model in (into_kept, view_of_input):
         reply = _block_replies(model, 3, copy=True)[0]
         assert reply["aliased"] is False
