@@ -660,21 +660,30 @@ def _reused_by_later_calls(outputs: list[Any], buffers: list[Any] | None) -> boo
     (a persistent output buffer returned by every call), or, in a block of more than one call, the input buffers
     every call is refilled into (a view of an input). That output then holds a later call's values by the block's
     end, and a check of its call would compare the later call's answer. Byte ranges, not storages: disjoint slices
-    of one storage, one per call, are each their call's."""
-    seen: list[tuple[int, int]] = []
+    of one storage, one per call, are each their call's. Each call's ranges (the input buffers' as one more) are
+    merged first, so any range that starts before the end of an earlier one belongs to another call: one sort,
+    whatever the block's length (blocks hold up to thousands of calls)."""
+    groups = [out if isinstance(out, list | tuple) else [out] for out in outputs]
     if len(outputs) > 1:
-        seen = [span for t in buffers or [] if isinstance(t, _Tensor) for span in _span(t)]
-    for out in outputs:
-        spans = [
-            span
-            for t in (out if isinstance(out, list | tuple) else [out])
-            if isinstance(t, _Tensor)
-            for span in _span(t)
-        ]
-        if any(start < other_end and other_start < end for start, end in spans for other_start, other_end in seen):
+        groups.append(buffers or [])
+    ranges = sorted(merged for group in groups for merged in _merged([t for t in group if isinstance(t, _Tensor)]))
+    furthest = 0
+    for start, end in ranges:
+        if start < furthest:
             return True
-        seen += spans
+        furthest = max(furthest, end)
     return False
+
+
+def _merged(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
+    """The byte ranges of one call's tensors, overlapping ones merged (`return y, y` is one range)."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(span for t in tensors for span in _span(t)):
+        if merged and start < merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 def _span(tensor: torch.Tensor) -> list[tuple[int, int]]:
