@@ -543,12 +543,14 @@ def assert_draw_flagged_or_charged(result: dict[str, Any]) -> None:
     """Work moved into the draw by helpers that exit: where the job has a cgroup (strict isolation here) their CPU
     time stays on the judge's clock and the draw's excess is counted in the samples, which leaves no speed beyond an
     honest copy's (about 1x; 0.28x and 0.50x in one run); where it has none it leaves with them, and the draw's
-    time off the CPU is flagged."""
+    time off the CPU is flagged. Helpers still at work when the block starts are seen there instead (hides_work: in
+    one CI run, strict, the judge's clock left 5.9 ms per block unexplained against the reference's 3.7)."""
     if result["status"] == "correct":
         assert "charged_outside_calls" in result["flags"] and result["speedup"] < 1.5, result
     else:
         assert result["status"] == "rejected" and "implausible_timing" in result["flags"], result
-        assert "drawing the inputs" in result["message"], result["message"]
+        moved = ("drawing the inputs", "work off the timed stream")
+        assert any(reason in result["message"] for reason in moved), result["message"]
 
 
 def test_answers_computed_by_helpers_while_the_inputs_are_drawn_buy_no_speed(any_client: httpx.Client) -> None:
