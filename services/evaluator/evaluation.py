@@ -417,8 +417,8 @@ class Block:
     # the reply takes with it (helpers that compute the block's answers while the inputs are drawn).
     drawn_wall_s: float = 0.0
     digest_wall_s: float = 0.0
-    # The worker's word that a call's output shares memory a later call of the block writes again (believed of the
-    # reference's timer only: it decides whether every output is copied as its call returns, Judge.copy_outputs).
+    # The worker's word that a call's output shares memory a later call of the block writes again: either side's
+    # turns on the copy of every output as its call returns (Judge.copy_outputs), which only costs both sides alike.
     aliased: bool = False
 
     @property
@@ -439,8 +439,8 @@ class Block:
 
 
 class _OutputsReused(Exception):  # noqa: N818 - a signal to run again, not an error
-    """The reference's timer said a block's outputs share memory a later call of the block writes again, while
-    outputs were not copied (Judge.copy_outputs)."""
+    """A worker said a block's outputs share memory a later call of the block writes again, while outputs were not
+    copied (Judge.copy_outputs)."""
 
 
 class CandidateFailure(Exception):  # noqa: N818 - ends the candidate's run; the verdict comes from what was seen
@@ -476,7 +476,7 @@ class Judge:
         # write into memory a later call of the block writes again, its outputs hold a later call's answer by the end
         # of the block, so a check of an earlier call compared that answer on both sides (a red-team candidate that
         # computed only the last call of each block against a reference with an output buffer scored correct at
-        # 3.2-3.4x). Turned on by the first block of the reference's timer that says so (_block).
+        # 3.2-3.4x). Turned on by the first block of either side that says so (_block).
         self.copy_outputs = False
         # The last save's nonce and, where the candidate handed its output over in device memory rather than in a
         # file, the description its reply gave (device_handover).
@@ -1014,10 +1014,12 @@ class Judge:
         why = not_timed(ROUND_MARGIN * (warmup_s + round_s), f"the candidate's warm-up and {rounds}")
         if why:
             return why
-        warmed = [
-            await self._block(candidate, seeds, digest_seed=seed)
-            for seeds, seed in zip(chunks, digest_seeds, strict=True)
-        ]
+        warmed = []
+        for seeds, seed in zip(chunks, digest_seeds, strict=True):
+            try:
+                warmed.append(await self._block(candidate, seeds, digest_seed=seed))
+            except _OutputsReused:  # copies change none of the reference's outputs, which are each their call's
+                warmed.append(await self._block(candidate, seeds, digest_seed=seed))
         for index, (theirs, ours) in enumerate(zip(reference, warmed, strict=True)):
             if self._stale(theirs, ours, f"warm-up block {index}"):
                 raise CandidateFailure
@@ -1149,12 +1151,14 @@ class Judge:
                 drawn_wall_s=drawn_wall_s,
                 aliased=reply.get("aliased") is True,
             )
-            if worker is self.timer and block.aliased and not self.copy_outputs:
-                # The block's expected outputs are not each its call's: copies from now on, and this block, or the
-                # round it is part of, again (a reference that writes a ring of kept buffers shows it only once a
-                # block holds more calls than the ring).
+            if block.aliased and not self.copy_outputs and one_set is None:
+                # The block's outputs are not each its call's: copies from now on, on both sides, and this block, or
+                # the round it is part of, again (a reference that writes a ring of kept buffers shows it only once a
+                # block holds more calls than the ring). Either side's word turns them on: copies cost both sides
+                # alike, and a candidate that keeps its output buffer (an honest optimisation) was stale_output
+                # against a reference that returns fresh tensors, every call's output holding the last answer.
                 self.copy_outputs = True
-                log.info("the reference's outputs share memory a later call writes again: each output is copied")
+                log.info("a side's outputs share memory a later call writes again: each output is copied")
                 raise _OutputsReused
             if check_call is not None and self.gpu is None:
                 block.held_hash = await self._read_held(worker, reply.get("regions"), calls, check_call)

@@ -656,26 +656,43 @@ def _copied(output: Any) -> Any:
 
 
 def _reused_by_later_calls(outputs: list[Any], buffers: list[Any] | None) -> bool:
-    """Whether a call's output shares memory that a later call of the block writes again: another call's output
+    """Whether a call's output lies in memory that a later call of the block writes again: another call's output
     (a persistent output buffer returned by every call), or, in a block of more than one call, the input buffers
     every call is refilled into (a view of an input). That output then holds a later call's values by the block's
-    end, and a check of its call would compare the later call's answer on both sides."""
-    seen: set[int] = set()
+    end, and a check of its call would compare the later call's answer. Byte ranges, not storages: disjoint slices
+    of one storage, one per call, are each their call's. Each call's ranges (the input buffers' as one more) are
+    merged first, so any range that starts before the end of an earlier one belongs to another call: one sort,
+    whatever the block's length (blocks hold up to thousands of calls)."""
+    groups = [out if isinstance(out, list | tuple) else [out] for out in outputs]
     if len(outputs) > 1:
-        seen = {_storage(t) for t in buffers or [] if isinstance(t, _Tensor)} - {0}
-    for out in outputs:
-        tensors = {_storage(t) for t in (out if isinstance(out, list | tuple) else [out]) if isinstance(t, _Tensor)}
-        tensors.discard(0)
-        if tensors & seen:
+        groups.append(buffers or [])
+    ranges = sorted(merged for group in groups for merged in _merged([t for t in group if isinstance(t, _Tensor)]))
+    furthest = 0
+    for start, end in ranges:
+        if start < furthest:
             return True
-        seen |= tensors
+        furthest = max(furthest, end)
     return False
 
 
-def _storage(tensor: torch.Tensor) -> int:
-    """The address of the memory a tensor views (0 for none): views of one storage share it."""
-    storage = tensor.untyped_storage()
-    return storage.data_ptr() if storage.nbytes() else 0
+def _merged(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
+    """The byte ranges of one call's tensors, overlapping ones merged (`return y, y` is one range)."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(span for t in tensors for span in _span(t)):
+        if merged and start < merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _span(tensor: torch.Tensor) -> list[tuple[int, int]]:
+    """The bytes a tensor's elements lie within, [first, past the last) (none for an empty tensor)."""
+    if tensor.numel() == 0:
+        return []
+    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
+    start = tensor.data_ptr()
+    return [(start, start + (last + 1) * tensor.element_size())]
 
 
 def _time_one_set(

@@ -14,7 +14,7 @@ import torch
 from services.evaluator import gpu_checks
 from services.evaluator.backends import get_backend
 from services.evaluator.guards import Guard
-from services.evaluator.runner import InputSets, serve_timing
+from services.evaluator.runner import InputSets, _reused_by_later_calls, serve_timing
 
 
 def _get_inputs() -> list:
@@ -110,9 +110,9 @@ def _block_replies(model: Any, calls: int, copy: bool) -> list[dict[str, Any]]:
 
 
 def test_a_block_says_whether_its_outputs_share_memory_a_later_call_writes_again():
-    """A reference that returns one buffer it keeps, or a view of the input buffers every call is refilled into,
-    leaves the last call's answer in every output of a block; the judge then has each output copied as its call
-    returns (Judge.copy_outputs), and the copies share nothing."""
+    """A model that returns one buffer it keeps, or a view of the input buffers every call is refilled into, leaves
+    the last call's answer in every output of a block; the judge then has each output copied as its call returns
+    (Judge.copy_outputs), and the copies share nothing. Slices of one storage, one per call, share no bytes."""
     kept = torch.zeros(8)
 
     def into_kept(x: torch.Tensor) -> torch.Tensor:
@@ -124,14 +124,45 @@ def test_a_block_says_whether_its_outputs_share_memory_a_later_call_writes_again
     def fresh(x: torch.Tensor) -> torch.Tensor:
         return x * 2
 
+    slots, calls = torch.zeros(3, 8), [0]  # one storage, a slice of it per call
+
+    def own_slot(x: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        return torch.mul(x, 2, out=slots[calls[0] - 1])
+
     assert _block_replies(into_kept, 2, copy=False)[0]["aliased"] is True
     assert _block_replies(view_of_input, 2, copy=False)[0]["aliased"] is True
     assert _block_replies(view_of_input, 1, copy=False)[0]["aliased"] is False  # checked before a refill
     assert _block_replies(fresh, 3, copy=False)[0]["aliased"] is False
+    assert _block_replies(own_slot, 3, copy=False)[0]["aliased"] is False
     for model in (into_kept, view_of_input):
         reply = _block_replies(model, 3, copy=True)[0]
         assert reply["aliased"] is False
         assert len({region[0] for call in reply["regions"] for region in call}) == 3 * len(reply["regions"][0])
+
+
+def test_memory_a_later_call_writes_again_is_found_by_byte_ranges():
+    """Against every pair of ranges, on slices of one storage: outputs of several tensors each, overlapping within a
+    call (allowed) or across calls and the input buffers (found)."""
+    base, rng = torch.zeros(400), random.Random(5)
+
+    def piece() -> torch.Tensor:
+        start = rng.randrange(390)
+        return base[start : start + rng.randrange(1, 60)]
+
+    for _ in range(300):
+        outputs = [tuple(piece() for _ in range(rng.randrange(1, 4))) for _ in range(rng.randrange(1, 6))]
+        buffers = [piece()]
+        groups = [list(out) for out in outputs] + ([buffers] if len(outputs) > 1 else [])
+        spans = [[(t.data_ptr(), t.data_ptr() + t.numel() * 4) for t in group] for group in groups]
+        expected = any(
+            a < d and c < b
+            for i, ours in enumerate(spans)
+            for theirs in spans[i + 1 :]
+            for a, b in ours
+            for c, d in theirs
+        )
+        assert _reused_by_later_calls(outputs, buffers) is expected, (spans, expected)
 
 
 def test_a_signed_draw_maps_a_tensor_drawn_just_now_in_place():
