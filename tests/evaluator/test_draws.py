@@ -4,14 +4,17 @@ worker that draws the same seeds."""
 from __future__ import annotations
 
 import random
+import time
 import types
 import weakref
 from typing import Any
 
 import numpy as np
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from services.evaluator import gpu_checks
+from services.evaluator import gpu_checks, runner
 from services.evaluator.backends import get_backend
 from services.evaluator.guards import Guard
 from services.evaluator.runner import InputSets, _reused_by_later_calls, serve_timing
@@ -163,6 +166,60 @@ def test_memory_a_later_call_writes_again_is_found_by_byte_ranges():
             for c, d in theirs
         )
         assert _reused_by_later_calls(outputs, buffers) is expected, (spans, expected)
+
+
+class _Recorder(TorchFunctionMode):
+    """Every torch function a worker's code calls while it is pushed, as a candidate's mode would see them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        self.seen.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+class _DispatchRecorder(TorchDispatchMode):
+    """Every aten operator run while it is pushed, as a candidate's dispatch mode would see them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_runners_refills_and_copies_run_no_mode_of_the_candidates():
+    """A mode the candidate pushed saw the refills and the outputs' copies, steps outside its calls: a red-team
+    candidate computed half of each answer in the copy (docs/evaluator.md). Its own calls still run under it."""
+    kept = torch.zeros(8)
+
+    def into_kept(x: torch.Tensor) -> torch.Tensor:
+        return torch.mul(x, 2, out=kept)
+
+    functions, operators = _Recorder(), _DispatchRecorder()
+    with functions, operators:
+        _block_replies(into_kept, 3, copy=True)
+    assert "mul" in functions.seen and "aten.mul.out" in operators.seen  # the candidate's own calls
+    assert not {"clone", "copy_"} & set(functions.seen), functions.seen
+    assert not [op for op in operators.seen if "clone" in op or "copy" in op], operators.seen
+
+
+def test_an_outputs_copy_is_timed_with_its_call(monkeypatch):  # noqa: ANN001
+    """Outside the call, the copy was time the clocks let go by on both sides alike, which a candidate could fill with
+    work in place of part of the copy; within it, any such work is timed."""
+    kept = torch.zeros(8)
+
+    def slow_clone(tensor: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.02)
+        return tensor.clone()
+
+    monkeypatch.setattr(runner, "_clone", slow_clone)
+    reply = _block_replies(lambda x: torch.mul(x, 2, out=kept), 3, copy=True)[0]
+    assert min(reply["ms"]) >= 20, reply["ms"]
 
 
 def test_a_signed_draw_maps_a_tensor_drawn_just_now_in_place():

@@ -770,6 +770,88 @@ _Mode().__enter__()""",
 )
 
 
+# A memory-bound reference that returns a fresh 16 MB output: copying it costs about what computing it does.
+OUTER_REFERENCE = """
+import torch
+
+class Model(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.outer(x, x)
+
+def get_inputs():
+    return [torch.randn(2048)]
+
+def get_init_inputs():
+    return [2048]
+"""
+
+# Keeps its output buffer, which turns the copies on, then computes half of each answer in its timed call and the
+# other half in the copy, in place of copying that half: against OUTER_REFERENCE the copy's time matched the
+# reference's, and it scored correct at 2.0-3.3x in both isolation levels while the copy was outside the calls.
+# `{hook}` is how its code reaches the copy.
+HALF_IN_THE_COPY = BUFFER_CANDIDATE.format(
+    setup="""PENDING = []
+
+def _finish(buf):
+    x = PENDING.pop()
+    half = x.shape[0] // 2
+    out = torch.empty_like(buf)
+    out[:half].copy_(buf[:half])
+    torch.outer(x[half:], x, out=out[half:])
+    return out
+
+{hook}""",
+    forward="""        block = _timed_block()
+        if block is not None and block.get("copy") is True:
+            half = x.shape[0] // 2
+            torch.outer(x[:half], x, out=self.buf[:half])
+            PENDING.append(x)
+            return self.buf
+        torch.outer(x, x, out=self.buf)
+        return self.buf""",
+)
+
+HOOKS_ON_THE_COPY = {
+    "function_mode": """from torch.overrides import TorchFunctionMode
+
+class _Mode(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if PENDING and getattr(func, "__name__", "") == "clone":
+            return _finish(args[0])
+        return func(*args, **(kwargs or {}))
+
+_Mode().__enter__()""",
+    "dispatch_mode": """from torch.utils._python_dispatch import TorchDispatchMode
+
+class _Mode(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if PENDING and func is torch.ops.aten.clone.default:
+            return _finish(args[0])
+        return func(*args, **(kwargs or {}))
+
+_Mode().__enter__()""",
+    # A kernel of its own for every CPU clone: no hook torch offers to switch off, so the copy is timed.
+    "registered_kernel": """def _clone(tensor, memory_format=None):
+    return _finish(tensor) if PENDING else torch.empty_like(tensor).copy_(tensor)
+
+_LIBRARY = torch.library.Library("aten", "IMPL")
+_LIBRARY.impl("clone", _clone, "CPU")""",
+}
+
+
+@pytest.mark.parametrize("hook", list(HOOKS_ON_THE_COPY))
+def test_work_moved_into_the_outputs_copy_is_timed_or_never_runs(any_client: httpx.Client, hook: str) -> None:
+    candidate = HALF_IN_THE_COPY.replace("{hook}", HOOKS_ON_THE_COPY[hook])
+    result = evaluate(any_client, candidate, OUTER_REFERENCE, timing_trials=20)
+    if result["status"] == "correct":  # the kernel: its half, computed in the copy, timed with its call
+        assert hook == "registered_kernel" and result["speedup"] < 2, result
+    else:
+        assert result["status"] == "rejected", f"{result['status']} {result['flags']} {result['message']}"
+
+
 @pytest.mark.parametrize(
     "candidate", [LAST_CALL_ONLY, LAZY_COPY, MODE_IN_THE_COPY], ids=["last_call_only", "lazy_copy", "mode_in_the_copy"]
 )
