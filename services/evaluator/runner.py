@@ -21,6 +21,7 @@ Roles:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import importlib.util
 import io
@@ -67,6 +68,11 @@ _no_torch_function = torch._C.DisableTorchFunction
 _key_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
 _exclude_key = torch._C._dispatch_tls_set_dispatch_key_excluded
 _PYTHON_KEYS = (torch._C.DispatchKey.Python, torch._C.DispatchKey.PythonTLSSnapshot)
+# A CPU copy that no kernel of the candidate's can stand in for (_moved, _copied): torch's copy and clone run whatever
+# kernel is registered for them, and a candidate can register its own (torch.library, or C++).
+_memmove = ctypes.memmove
+_empty = torch.empty
+_bytes_dtype = torch.uint8
 _no_grad = torch.no_grad
 _set_num_threads = torch.set_num_threads
 _get_default_dtype = torch.get_default_dtype
@@ -522,10 +528,16 @@ class InputSets:
         return self.buffers
 
     def _copied_in(self, values: list[Any]) -> list[Any]:
-        buffers = clone_inputs(values) if self.buffers is None else self.buffers
+        if self.buffers is None:
+            return [_copy_of(value) if type(value) is _Tensor else value for value in values]
+        buffers = self.buffers
         for index, value in enumerate(values):
             buffer = buffers[index]
-            if isinstance(value, torch.Tensor) and isinstance(buffer, torch.Tensor) and buffer.shape == value.shape:
+            if _moved(buffer, value):
+                continue
+            if isinstance(value, torch.Tensor) and value.device.type == "cpu":
+                buffers[index] = value  # another layout than the last set's: this one's own memory, no copy to run
+            elif isinstance(value, torch.Tensor) and isinstance(buffer, torch.Tensor) and buffer.shape == value.shape:
                 _copy(buffer, value)
             else:
                 buffers[index] = value.clone() if isinstance(value, torch.Tensor) else value
@@ -685,9 +697,52 @@ def _copied(output: Any) -> Any:
     else is left as it is, for the block to refuse (output_digest.plain): copying a subclass would run its
     `__torch_function__`, code of the candidate's that could compute the answer there and return a plain tensor."""
     if isinstance(output, list | tuple):
-        copied = [_clone(t) if type(t) is _Tensor else t for t in output]
+        copied = [_copy_of(t) if type(t) is _Tensor else t for t in output]
         return tuple(copied) if isinstance(output, tuple) else copied
-    return _clone(output) if type(output) is _Tensor else output
+    return _copy_of(output) if type(output) is _Tensor else output
+
+
+def _copy_of(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of the tensor, with its strides. On a CPU its bytes move by memmove: a red-team candidate registered
+    its own kernel for torch's clone (torch.library), which no switch turns off, and computed its answer there, into
+    the copy, while its call only returned a kept buffer: one pass over the output where the reference's timed calls
+    made two (its answer, then the copy), correct at 1.6-1.8x. The tensors torch makes around the memmove are checked
+    to be the memory it wrote."""
+    spans = _span(tensor)
+    if not spans or tensor.device.type != "cpu":
+        return _clone(tensor)  # on a GPU a kernel of the candidate's can stand in: docs/evaluator.md
+    start, end = spans[0]
+    block = _empty(end - start, dtype=_bytes_dtype)
+    if type(block) is not _Tensor or block.numel() != end - start or block.element_size() != 1:
+        raise RuntimeError("torch.empty returned other than the memory asked for")
+    _memmove(block.data_ptr(), start, end - start)
+    copy = block.view(tensor.dtype).as_strided(tensor.shape, tensor.stride())
+    if (
+        type(copy) is not _Tensor
+        or copy.data_ptr() != block.data_ptr()
+        or copy.dtype != tensor.dtype
+        or copy.shape != tensor.shape
+        or copy.stride() != tensor.stride()
+    ):
+        raise RuntimeError("a view of the copied bytes is not them")
+    return copy
+
+
+def _moved(destination: Any, source: Any) -> bool:
+    """Whether the source's elements were copied into the destination by one memmove of the bytes they span: CPU
+    tensors of one dtype, shape and strides (a refill of the input buffers). In the refills a red-team candidate's
+    own kernel for torch's copy skipped half of each input, which its call then never read, and computed half of the
+    answer in the time that left: correct at 2.0-2.2x against a reference adding two 16 MB vectors."""
+    if not (type(destination) is _Tensor and type(source) is _Tensor):
+        return False
+    if destination.device.type != "cpu" or source.device.type != "cpu" or destination.dtype != source.dtype:
+        return False
+    if destination.shape != source.shape or destination.stride() != source.stride():
+        return False
+    spans = _span(source)
+    if spans:
+        _memmove(destination.data_ptr(), spans[0][0], spans[0][1] - spans[0][0])
+    return True
 
 
 def _reused_by_later_calls(outputs: list[Any], buffers: list[Any] | None) -> bool:

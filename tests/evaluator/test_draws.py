@@ -208,16 +208,72 @@ def test_the_runners_refills_and_copies_run_no_mode_of_the_candidates():
     assert not [op for op in operators.seen if "clone" in op or "copy" in op], operators.seen
 
 
+def test_the_runners_cpu_refills_and_copies_run_no_kernel_the_candidate_registers():
+    """torch's copy and clone run whatever kernel is registered for them, and no switch turns that off: red-team
+    candidates computed answers in their own kernels for both (docs/evaluator.md)."""
+    seen: list[str] = []
+
+    def clone(tensor: torch.Tensor, memory_format: Any = None) -> torch.Tensor:
+        seen.append("clone")
+        with torch._C._AutoDispatchBelowAutograd():
+            return torch.ops.aten.clone.default(tensor, memory_format=memory_format)
+
+    def copy(destination: torch.Tensor, source: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+        seen.append("copy_")
+        with torch._C._AutoDispatchBelowAutograd():
+            return torch.ops.aten.copy_.default(destination, source, non_blocking)
+
+    kept = torch.zeros(8)
+    library = torch.library.Library("aten", "IMPL")
+    try:
+        library.impl("clone", clone, "AutogradCPU")
+        library.impl("copy_", copy, "AutogradCPU")
+        torch.zeros(2).clone()
+        assert seen == ["clone"]  # the kernel runs where the runner does not keep it out
+        seen.clear()
+        reply = _block_replies(lambda x: torch.mul(x, 2, out=kept), 3, copy=True)[0]
+    finally:
+        library._destroy()
+    assert seen == [] and reply["aliased"] is False
+
+
+def test_a_cpu_copy_keeps_the_values_and_layout_of_any_tensor():
+    base = torch.arange(60, dtype=torch.float64).reshape(3, 4, 5)
+    tensors = [
+        base,
+        base.transpose(0, 2),
+        base[:, 1:3, ::2],
+        base[1],
+        torch.arange(4).expand(3, 4),
+        torch.tensor([True, False, True]),
+        torch.randn(3, 2, dtype=torch.complex64).t(),
+        torch.empty(0, 3),
+    ]
+    for tensor in tensors:
+        copy = runner._copy_of(tensor)
+        assert copy.shape == tensor.shape and copy.stride() == tensor.stride() and copy.dtype == tensor.dtype
+        assert torch.equal(copy, tensor)
+        assert tensor.numel() == 0 or copy.data_ptr() != tensor.data_ptr()
+
+
+def test_a_refill_moves_a_set_into_buffers_of_its_layout_and_takes_any_other_as_it_is():
+    buffer = torch.zeros(4, 6).t()
+    value = torch.randn(4, 6).t()
+    assert runner._moved(buffer, value) and torch.equal(buffer, value)
+    assert not runner._moved(torch.zeros(6, 4), value)  # another layout
+    assert not runner._moved(torch.zeros(6, 4, dtype=torch.float64), value.contiguous())
+
+
 def test_an_outputs_copy_is_timed_with_its_call(monkeypatch):  # noqa: ANN001
     """Outside the call, the copy was time the clocks let go by on both sides alike, which a candidate could fill with
     work in place of part of the copy; within it, any such work is timed."""
-    kept = torch.zeros(8)
+    kept, memmove = torch.zeros(8), runner._memmove
 
-    def slow_clone(tensor: torch.Tensor) -> torch.Tensor:
+    def slow_memmove(destination: int, source: int, count: int) -> int:
         time.sleep(0.02)
-        return tensor.clone()
+        return memmove(destination, source, count)
 
-    monkeypatch.setattr(runner, "_clone", slow_clone)
+    monkeypatch.setattr(runner, "_memmove", slow_memmove)
     reply = _block_replies(lambda x: torch.mul(x, 2, out=kept), 3, copy=True)[0]
     assert min(reply["ms"]) >= 20, reply["ms"]
 

@@ -833,23 +833,113 @@ class _Mode(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 _Mode().__enter__()""",
-    # A kernel of its own for every CPU clone: no hook torch offers to switch off, so the copy is timed.
-    "registered_kernel": """def _clone(tensor, memory_format=None):
-    return _finish(tensor) if PENDING else torch.empty_like(tensor).copy_(tensor)
+    # A kernel of its own for torch's clone, which no switch of torch's turns off: the CPU copy is a memmove.
+    "registered_kernel": """
+def _clone(tensor, memory_format=None):
+    if PENDING:
+        return _finish(tensor)
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.aten.clone.default(tensor, memory_format=memory_format)
 
 _LIBRARY = torch.library.Library("aten", "IMPL")
-_LIBRARY.impl("clone", _clone, "CPU")""",
+_LIBRARY.impl("clone", _clone, "AutogradCPU")""",
 }
 
 
 @pytest.mark.parametrize("hook", list(HOOKS_ON_THE_COPY))
-def test_work_moved_into_the_outputs_copy_is_timed_or_never_runs(any_client: httpx.Client, hook: str) -> None:
+def test_no_code_of_the_candidates_runs_in_the_outputs_copy(any_client: httpx.Client, hook: str) -> None:
+    """Its half left undone in the buffer the copy then copies: stale_output."""
     candidate = HALF_IN_THE_COPY.replace("{hook}", HOOKS_ON_THE_COPY[hook])
     result = evaluate(any_client, candidate, OUTER_REFERENCE, timing_trials=20)
-    if result["status"] == "correct":  # the kernel: its half, computed in the copy, timed with its call
-        assert hook == "registered_kernel" and result["speedup"] < 2, result
-    else:
-        assert result["status"] == "rejected", f"{result['status']} {result['flags']} {result['message']}"
+    assert result["status"] == "rejected", f"{result['status']} {result['flags']} {result['message']}"
+
+
+ADD_REFERENCE = """
+import torch
+
+class Model(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+
+    def forward(self, x, y):
+        return x + y
+
+def get_inputs():
+    return [torch.randn(1 << 20), torch.randn(1 << 20)]
+
+def get_init_inputs():
+    return [1 << 20]
+"""
+
+# Watches the runner's steps in its timed blocks (the refills; the outputs' copies, which its kept buffer turns on)
+# through every route torch gives it, its own kernels for copy and clone among them, and answers wrongly once any ran:
+# a red-team candidate's kernel for torch's copy skipped half of each refill and computed half of each answer in the
+# time that left (correct at 2.2x strict, 2.0x process, one run each; the same source gave 1.0x and 0.9x in others).
+WATCHES_THE_RUNNERS_STEPS = """
+import sys
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+SEEN = []
+
+def _in_a_timed_block():
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_time_drawn":
+            return True
+        frame = frame.f_back
+    return False
+
+def _seen(name):
+    if _in_a_timed_block():
+        SEEN.append(name)
+
+def _copy(self, src, non_blocking=False):
+    _seen("copy_ kernel")
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.aten.copy_.default(self, src, non_blocking)
+
+def _clone(self, memory_format=None):
+    _seen("clone kernel")
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.aten.clone.default(self, memory_format=memory_format)
+
+_LIBRARY = torch.library.Library("aten", "IMPL")
+_LIBRARY.impl("copy_", _copy, "AutogradCPU")
+_LIBRARY.impl("clone", _clone, "AutogradCPU")
+
+class _Functions(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in ("copy_", "clone"):
+            _seen("function mode")
+        return func(*args, **(kwargs or {}))
+
+class _Operators(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.copy_.default, torch.ops.aten.clone.default):
+            _seen("dispatch mode")
+        return func(*args, **(kwargs or {}))
+
+_Functions().__enter__()
+_Operators().__enter__()
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.register_buffer("buf", torch.zeros(n))
+
+    def forward(self, x, y):
+        torch.add(x, y, out=self.buf)
+        if SEEN:
+            self.buf.add_(1.0)
+        return self.buf
+"""
+
+
+def test_no_code_of_the_candidates_runs_in_the_refills_or_copies(any_client: httpx.Client) -> None:
+    result = evaluate(any_client, WATCHES_THE_RUNNERS_STEPS, ADD_REFERENCE, timing_trials=10)
+    assert result["status"] == "correct", f"{result['status']} {result['flags']} {result['message']}"
 
 
 @pytest.mark.parametrize(
