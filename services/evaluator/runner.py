@@ -679,8 +679,8 @@ def _time_drawn(
 def _without_candidate_hooks(step: Callable[[], Any]) -> Any:
     """`step()` with torch's Python hooks off (torch function and dispatch modes, subclasses' `__torch_function__`
     and `__torch_dispatch__`), so that the runner's own copies (the refills, the outputs' copies) run no code of the
-    candidate's that way. A kernel the candidate registered for an aten operator (torch.library) still runs: the
-    outputs' copies are timed for that reason, and the refills' limit is in docs/evaluator.md."""
+    candidate's that way. A kernel the candidate registered for an aten operator (torch.library) still runs, which
+    is why on a CPU they are memmoves (_copy_of, _moved); on a GPU it is a limit (docs/evaluator.md)."""
     before = [_key_excluded(key) for key in _PYTHON_KEYS]
     for key in _PYTHON_KEYS:
         _exclude_key(key, True)
