@@ -142,6 +142,8 @@ def test_a_job_s_busy_processes_do_not_starve_a_concurrent_evaluation(
             started = time.monotonic()
             honest = evaluate(client, sources.CORRECT, seed=4778, timeout_s=60)
             waited = time.monotonic() - started
-            assert starving.result()["status"] in ("incorrect", "rejected")
+            # Its own import, among its busy loops, can outlast its 120 s (a CI run on a slow day: 112 s to import).
+            assert starving.result()["status"] in ("incorrect", "rejected", "timeout")
     assert honest["status"] == "correct", honest["message"]
-    assert waited < 30, (waited, honest["phases_s"])
+    # Starved, it ended after 131 s; alone on a slow day it took 31 s (19 s on others).
+    assert waited < 60, (waited, honest["phases_s"])
