@@ -715,6 +715,9 @@ def _copy_of(tensor: torch.Tensor) -> torch.Tensor:
     block = _empty(end - start, dtype=_bytes_dtype)
     if type(block) is not _Tensor or block.numel() != end - start or block.element_size() != 1:
         raise RuntimeError("torch.empty returned other than the memory asked for")
+    if _overlap(block.data_ptr(), start, end - start):
+        # A red-team candidate's own kernel for torch.empty returned the output's memory: a copy onto itself, free.
+        raise RuntimeError("torch.empty returned memory the output lies in")
     _memmove(block.data_ptr(), start, end - start)
     copy = block.view(tensor.dtype).as_strided(tensor.shape, tensor.stride())
     if (
@@ -741,8 +744,16 @@ def _moved(destination: Any, source: Any) -> bool:
         return False
     spans = _span(source)
     if spans:
-        _memmove(destination.data_ptr(), spans[0][0], spans[0][1] - spans[0][0])
+        start, end = spans[0]
+        if _overlap(destination.data_ptr(), start, end - start):
+            raise RuntimeError("a drawn input lies in the buffer it is refilled into")  # a refill onto itself, free
+        _memmove(destination.data_ptr(), start, end - start)
     return True
+
+
+def _overlap(destination: int, source: int, count: int) -> bool:
+    """Whether `count` bytes at one address share any with `count` bytes at the other."""
+    return destination < source + count and source < destination + count
 
 
 def _reused_by_later_calls(outputs: list[Any], buffers: list[Any] | None) -> bool:

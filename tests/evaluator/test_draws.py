@@ -10,6 +10,7 @@ import weakref
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -262,6 +263,17 @@ def test_a_refill_moves_a_set_into_buffers_of_its_layout_and_takes_any_other_as_
     assert runner._moved(buffer, value) and torch.equal(buffer, value)
     assert not runner._moved(torch.zeros(6, 4), value)  # another layout
     assert not runner._moved(torch.zeros(6, 4, dtype=torch.float64), value.contiguous())
+    with pytest.raises(RuntimeError, match="lies in the buffer"):
+        runner._moved(buffer, buffer)  # a refill onto itself would cost nothing
+
+
+def test_a_cpu_copy_into_the_outputs_own_memory_is_refused(monkeypatch):  # noqa: ANN001
+    """A red-team candidate's kernel for torch.empty handed the copy the output's own memory: a memmove onto itself,
+    free, where the reference's copy moved every byte."""
+    output = torch.randn(64)
+    monkeypatch.setattr(runner, "_empty", lambda count, dtype: output.view(torch.uint8)[:count])
+    with pytest.raises(RuntimeError, match="memory the output lies in"):
+        runner._copy_of(output)
 
 
 def test_an_outputs_copy_is_timed_with_its_call(monkeypatch):  # noqa: ANN001
