@@ -11,19 +11,19 @@ import pytest
 
 from services.evaluator import landlock
 from tests.evaluator import sources
-from tests.evaluator.conftest import evaluate, server_env
+from tests.evaluator.conftest import FEW_TIMED_BLOCKS, evaluate_briefly, server_env
 from tests.servers import run_service
 
 
 def test_cpp_candidate_is_correct_then_cached(client: httpx.Client, build_cache_dir: Path) -> None:
     # The good and the broken extension build at once (two build slots); each gets its own verdict.
     with ThreadPoolExecutor(2) as pool:
-        first_future = pool.submit(evaluate, client, sources.CPP_CORRECT, timeout_s=600)
-        broken_future = pool.submit(evaluate, client, sources.CPP_COMPILE_ERROR, timeout_s=600)
+        first_future = pool.submit(evaluate_briefly, client, sources.CPP_CORRECT, timeout_s=600)
+        broken_future = pool.submit(evaluate_briefly, client, sources.CPP_COMPILE_ERROR, timeout_s=600)
         first, broken = first_future.result(), broken_future.result()
     assert first["status"] == "correct", first["message"]
     assert first["compiled"] and first["speedup"] is not None and first["speedup"] > 0
-    assert first["candidate_ms"]["n"] == 10 and first["reference_ms"]["median"] > 0
+    assert first["candidate_ms"]["n"] == FEW_TIMED_BLOCKS and first["reference_ms"]["median"] > 0
     assert broken["status"] == "compile_error" and not broken["compiled"]
     assert broken["message"].startswith("compiler errors:") and "expected primary-expression" in broken["message"]
     published = [p for p in build_cache_dir.iterdir() if len(p.name) == 64]
@@ -34,7 +34,7 @@ def test_cpp_candidate_is_correct_then_cached(client: httpx.Client, build_cache_
     assert (published[0] / "build.json").read_text() == '{"build_path": "whole"}'
 
     start = time.monotonic()
-    second = evaluate(client, sources.CPP_CORRECT)
+    second = evaluate_briefly(client, sources.CPP_CORRECT)
     assert second["status"] == "correct" and second["cache_hit"] is True, second["message"]
     assert second["build_path"] == "whole" and "build_whole" not in second["phases_s"]
     assert first["cache_hit"] is False
@@ -42,7 +42,7 @@ def test_cpp_candidate_is_correct_then_cached(client: httpx.Client, build_cache_
 
 
 def test_cache_survives_restart(client: httpx.Client, build_cache_dir: Path, tmp_path: Path) -> None:
-    warm = evaluate(client, sources.CPP_CORRECT, timeout_s=600)
+    warm = evaluate_briefly(client, sources.CPP_CORRECT, timeout_s=600)
     assert warm["status"] == "correct", warm["message"]
     with (
         run_service(
@@ -50,7 +50,7 @@ def test_cache_survives_restart(client: httpx.Client, build_cache_dir: Path, tmp
         ) as url,
         httpx.Client(base_url=url, timeout=600) as other,
     ):
-        result = evaluate(other, sources.CPP_CORRECT)
+        result = evaluate_briefly(other, sources.CPP_CORRECT)
     assert result["status"] == "correct" and result["cache_hit"] is True, result["message"]
 
 
@@ -59,19 +59,19 @@ def test_a_job_cannot_rewrite_the_build_cache(process_client: httpx.Client) -> N
     red-team job had rewritten every library there, and a later correct C++ candidate got `compile_error`)."""
     if landlock.abi() == 0:
         pytest.skip("this kernel gives workers no Landlock domain")
-    first = evaluate(process_client, sources.CPP_CORRECT, timeout_s=600)
+    first = evaluate_briefly(process_client, sources.CPP_CORRECT, timeout_s=600)
     assert first["status"] == "correct", first["message"]
-    poisoner = evaluate(process_client, sources.CACHE_POISONER)
+    poisoner = evaluate_briefly(process_client, sources.CACHE_POISONER)
     assert poisoner["status"] == "runtime_error", poisoner["message"]
     assert "POISONED ['PermissionError'" in poisoner["message"], poisoner["message"]
-    cached = evaluate(process_client, sources.CPP_CORRECT)
+    cached = evaluate_briefly(process_client, sources.CPP_CORRECT)
     assert cached["status"] == "correct" and cached["cache_hit"] is True, cached["message"]
 
 
 def test_a_rewritten_library_is_built_again(process_client: httpx.Client, process_home: Path) -> None:
     """Where a job can write the cache (process isolation without Landlock), the service serves a library only
     while its bytes are those it published, so a later evaluation never loads what was written there."""
-    first = evaluate(process_client, sources.CPP_CORRECT, timeout_s=600)
+    first = evaluate_briefly(process_client, sources.CPP_CORRECT, timeout_s=600)
     assert first["status"] == "correct", first["message"]
     libraries = list((process_home / "cache").glob("*/ext_*.so"))
     assert libraries
@@ -79,9 +79,9 @@ def test_a_rewritten_library_is_built_again(process_client: httpx.Client, proces
         with open(library, "r+b") as handle:
             handle.truncate(0)
             handle.write(b"\x7fELF written by another evaluation")
-    again = evaluate(process_client, sources.CPP_CORRECT, timeout_s=600)
+    again = evaluate_briefly(process_client, sources.CPP_CORRECT, timeout_s=600)
     assert again["status"] == "correct" and again["cache_hit"] is False, again["message"]
-    cached = evaluate(process_client, sources.CPP_CORRECT)
+    cached = evaluate_briefly(process_client, sources.CPP_CORRECT)
     assert cached["status"] == "correct" and cached["cache_hit"] is True, cached["message"]
 
 
@@ -102,7 +102,7 @@ def test_shell_words_in_build_arguments_run_nothing_in_the_builder(
     verdict."""
     candidate = sources.CPP_CORRECT.replace('functions=["scaled_relu"])', f'functions=["scaled_relu"], {argument})')
     assert candidate != sources.CPP_CORRECT
-    result = evaluate(any_client, candidate, timeout_s=600)
+    result = evaluate_briefly(any_client, candidate, timeout_s=600)
     assert result["status"] == "compile_error" and marker in result["message"], result["message"]
     assert "ka shell" not in result["message"]
 
@@ -115,5 +115,5 @@ def test_a_flag_that_runs_a_program_in_the_builder_is_refused(client: httpx.Clie
         'functions=["scaled_relu"])', 'functions=["scaled_relu"], extra_ldflags=["-wrapper", "/usr/bin/env"])'
     )
     assert candidate != sources.CPP_CORRECT
-    result = evaluate(client, candidate, timeout_s=600)
+    result = evaluate_briefly(client, candidate, timeout_s=600)
     assert result["status"] == "compile_error" and "'-wrapper'" in result["message"], result["message"]

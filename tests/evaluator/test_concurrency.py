@@ -13,7 +13,8 @@ from tests.evaluator import sources
 from tests.evaluator.conftest import WORKERS, evaluate, server_env
 from tests.servers import run_service
 
-REQUESTS = 50
+# Six rounds of the server's two slots: enough for answers to queue, swap or get lost (fifty took 330 s on 2 cores).
+REQUESTS = 12
 
 
 async def _post_all(url: str, bodies: list[dict]) -> list[httpx.Response]:
@@ -21,7 +22,7 @@ async def _post_all(url: str, bodies: list[dict]) -> list[httpx.Response]:
         return await asyncio.gather(*(client.post("/evaluate", json=body) for body in bodies))
 
 
-def test_fifty_concurrent_requests_all_answered(evaluator_url: str) -> None:
+def test_many_concurrent_requests_all_answered(evaluator_url: str) -> None:
     # Alternate correct and wrong candidates, so a swapped or lost answer shows as a wrong verdict.
     bodies = [
         {
@@ -61,7 +62,9 @@ def test_fifty_concurrent_requests_all_answered(evaluator_url: str) -> None:
         assert expected | ({"timing"} if result["status"] == "correct" else set()) == set(phases) - {"device_wait"}
         assert min(phases.values()) >= 0
         assert sum(v for k, v in phases.items() if k != "device_wait") <= result["duration_s"] + 0.01, result
-    assert max(r["phases_s"]["queued"] for r in results) > 1.0, "50 requests on 2 workers should wait for a slot"
+    assert max(r["phases_s"]["queued"] for r in results) > 1.0, (
+        f"{REQUESTS} requests on {WORKERS} workers should wait for a slot"
+    )
 
 
 def test_batch_and_queued_jobs(client: httpx.Client) -> None:
@@ -140,7 +143,9 @@ def test_a_job_s_busy_processes_do_not_starve_a_concurrent_evaluation(
             starving = pool.submit(evaluate, client, STARVES_THE_MACHINE, seed=4777, timeout_s=120)
             time.sleep(8)
             started = time.monotonic()
-            honest = evaluate(client, sources.CORRECT, seed=4778, timeout_s=60)
+            # Untimed: the starvation was of the workers' start; a timing beside 100 busy loops can be flagged
+            # implausible_timing for noise, which is test_judge.py's subject and not this one's.
+            honest = evaluate(client, sources.CORRECT, seed=4778, timeout_s=60, timing_trials=0)
             waited = time.monotonic() - started
             # Its own import, among its busy loops, can outlast its 120 s (a CI run on a slow day: 112 s to import).
             assert starving.result()["status"] in ("incorrect", "rejected", "timeout")

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.evaluator import sources
-from tests.evaluator.conftest import evaluate, server_env
+from tests.evaluator.conftest import evaluate_briefly, server_env
 from tests.servers import python_path, run_service
 
 # Every entry of the worker's PYTHONPATH it can write to gets a sitecustomize.py that leaves a marker (its uid)
@@ -71,10 +71,10 @@ def shared_path_client(
 def test_a_candidate_cannot_write_into_the_import_path_of_later_workers(
     shared_path_client: httpx.Client, shared_dir: Path
 ) -> None:
-    first = evaluate(shared_path_client, WRITE_SITECUSTOMIZE)
+    first = evaluate_briefly(shared_path_client, WRITE_SITECUSTOMIZE)
     assert first["status"] == "correct", first["message"]
     # Later evaluations start fresh workers.
-    second = evaluate(shared_path_client, sources.CORRECT)
+    second = evaluate_briefly(shared_path_client, sources.CORRECT)
     assert second["status"] == "correct", second["message"]
     planted = shared_dir / "sitecustomize.py"
     markers = sorted(p.name for p in shared_dir.glob("ran-*"))
@@ -106,7 +106,7 @@ raise RuntimeError(f"WROTE {{outcomes!r}}")
 """,
         prelude="import os",
     )
-    result = evaluate(shared_path_client, probe)
+    result = evaluate_briefly(shared_path_client, probe)
     found = re.search(r"RuntimeError: WROTE (.*)$", result["message"], re.MULTILINE)
     assert found, result["message"]
     outcomes = ast.literal_eval(found.group(1))

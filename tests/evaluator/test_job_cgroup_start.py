@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.evaluator import sources
-from tests.evaluator.conftest import evaluate, sandbox_uid_base, server_env
+from tests.evaluator.conftest import evaluate_briefly, sandbox_uid_base, server_env
 from tests.servers import run_service
 
 # Past the uids the session's other servers lease (10 per slot + 8 each).
@@ -36,7 +36,7 @@ def test_a_process_left_under_a_leased_uid_does_not_fail_the_start(tmp_path: Pat
         ):
             if http.get("/health").json()["details"].get("job_cgroups") is None:
                 pytest.skip("the service has no cgroups here")
-            result = evaluate(http, sources.CORRECT)
+            result = evaluate_briefly(http, sources.CORRECT)
         assert result["status"] == "correct", result["message"]
     finally:
         squatter.kill()

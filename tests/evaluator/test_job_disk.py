@@ -18,7 +18,7 @@ import pytest
 
 from services.evaluator import pool, sandbox
 from tests.evaluator import sources
-from tests.evaluator.conftest import evaluate, sandbox_uid_base, server_env
+from tests.evaluator.conftest import evaluate_briefly, sandbox_uid_base, server_env
 from tests.servers import run_service
 
 pytestmark = pytest.mark.usefixtures("strict_only")
@@ -80,12 +80,12 @@ def honest_beside_a_filler(tmp_path: Path, job_disk_mb: int) -> dict:
             httpx.Client(base_url=url, timeout=600) as http,
         ):
             assert http.get("/health").json()["details"]["isolation"] == "strict"
-            filler = pool.submit(evaluate, http, FILLER, timeout_s=600)
+            filler = pool.submit(evaluate_briefly, http, FILLER, timeout_s=600)
             deadline = time.monotonic() + 300
             while not some_disk_is_full(work):
                 assert time.monotonic() < deadline and not filler.done(), "the filler never filled a disk"
                 time.sleep(0.2)
-            honest = evaluate(http, sources.CORRECT, timeout_s=240)
+            honest = evaluate_briefly(http, sources.CORRECT, timeout_s=240)
             assert not filler.done(), "the filler's job ended before the honest evaluation did: no overlap"
     return honest
 
@@ -157,8 +157,8 @@ def test_a_worker_keeps_no_copy_of_other_disks_and_its_disk_has_few_inodes(tmp_p
         run_service("evaluator", env=env, log_path=tmp_path / "server.log") as url,
         httpx.Client(base_url=url, timeout=600) as http,
     ):
-        seen = evaluate(http, SEES_OTHER_DISKS, timeout_s=120)
-        made = evaluate(http, MANY_FILES, timeout_s=120)
+        seen = evaluate_briefly(http, SEES_OTHER_DISKS, timeout_s=120)
+        made = evaluate_briefly(http, MANY_FILES, timeout_s=120)
     assert seen["status"] == "correct", seen["message"]
     assert made["status"] == "correct", made["message"]
     left = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(tmp_path) in line]
@@ -246,8 +246,8 @@ def test_a_small_disk_fails_no_honest_check_and_gives_no_wrong_candidate_a_pass(
         run_service("evaluator", env=env, log_path=tmp_path / "server.log") as url,
         httpx.Client(base_url=url, timeout=600) as http,
     ):
-        honest = evaluate(http, sources.CORRECT, reference=BIG_REFERENCE, timeout_s=180, timing_trials=10)
-        padded = evaluate(http, PADDED_WRONG, reference=BIG_REFERENCE, timeout_s=180, correctness_trials=1)
+        honest = evaluate_briefly(http, sources.CORRECT, reference=BIG_REFERENCE, timeout_s=180, timing_trials=10)
+        padded = evaluate_briefly(http, PADDED_WRONG, reference=BIG_REFERENCE, timeout_s=180, correctness_trials=1)
     assert padded["status"] in ("incorrect", "rejected"), padded
     assert honest["status"] == "correct", honest["message"]
 
@@ -265,9 +265,9 @@ def test_files_on_a_job_disk_count_against_its_memory_where_no_cgroup_does(tmp_p
         httpx.Client(base_url=url, timeout=600) as http,
     ):
         assert http.get("/health").json()["details"]["job_cgroups"] is None
-        held = evaluate(http, sources.FILES_PAST_THE_LIMIT, timeout_s=180)
+        held = evaluate_briefly(http, sources.FILES_PAST_THE_LIMIT, timeout_s=180)
         # Untimed: what it shows is that the inputs handed over and the outputs saved are counted right.
-        honest = evaluate(http, sources.CORRECT, timeout_s=180, timing_trials=0)
+        honest = evaluate_briefly(http, sources.CORRECT, timeout_s=180, timing_trials=0)
     assert held["status"] == "crashed", held
     assert "files on its disk" in held["message"], held["message"]
     assert honest["status"] == "correct", honest["message"]

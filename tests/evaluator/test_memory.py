@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.evaluator.conftest import evaluate, server_env
+from tests.evaluator.conftest import evaluate_briefly, server_env
 from tests.servers import run_service
 
 LARGE_REFERENCE = """
@@ -53,7 +53,7 @@ def small_memory_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ht
 
 
 def test_five_large_trials_fit_a_small_memory_limit(small_memory_client: httpx.Client) -> None:
-    result = evaluate(
+    result = evaluate_briefly(
         small_memory_client,
         LARGE_CANDIDATE,
         LARGE_REFERENCE,
@@ -106,7 +106,7 @@ SMALL_REFERENCE = LARGE_REFERENCE.replace("48 * 1024 * 1024", "1024")
 def test_memory_of_helpers_whose_main_thread_exited_counts(small_memory_client: httpx.Client) -> None:
     """Two helpers of 1100 MB each, past the 2048 MB limit together, their main threads gone: the watch reads their
     memory through a thread still running, and the job is killed."""
-    result = evaluate(small_memory_client, HIDDEN_HELPERS_CANDIDATE, SMALL_REFERENCE, timeout_s=120)
+    result = evaluate_briefly(small_memory_client, HIDDEN_HELPERS_CANDIDATE, SMALL_REFERENCE, timeout_s=120)
     assert result["status"] != "correct", result
     # The memory watch, or first the job's cgroup where the service has one.
     assert "killed for using more than 2048 MB of" in result["message"], result["message"]
@@ -169,7 +169,7 @@ def test_memory_no_process_maps_counts_in_the_jobs_cgroup(small_memory_client: h
     """2,560 MB held where no resident set shows it: the job's cgroup counts it, and the job is killed."""
     if small_memory_client.get("/health").json()["details"].get("job_cgroups") is None:
         pytest.skip("the service has no cgroups here (needs root and a memory controller, or a delegated v2 subtree)")
-    result = evaluate(small_memory_client, UNMAPPED_MEMORY_CANDIDATES[hold], SMALL_REFERENCE, timeout_s=120)
+    result = evaluate_briefly(small_memory_client, UNMAPPED_MEMORY_CANDIDATES[hold], SMALL_REFERENCE, timeout_s=120)
     assert result["status"] == "crashed", result["message"]
     assert "MB of memory (its cgroup's count)" in result["message"], result["message"]
 
@@ -202,7 +202,7 @@ def test_pages_forked_processes_share_count_once_in_the_jobs_cgroup(small_memory
     red-team job with 100 forks was); where the job has a cgroup, the kernel's count is the limit."""
     if small_memory_client.get("/health").json()["details"].get("job_cgroups") is None:
         pytest.skip("the service has no cgroups here (needs root and a memory controller, or a delegated v2 subtree)")
-    result = evaluate(small_memory_client, FORKING_CANDIDATE, SMALL_REFERENCE, timeout_s=120)
+    result = evaluate_briefly(small_memory_client, FORKING_CANDIDATE, SMALL_REFERENCE, timeout_s=120)
     assert result["status"] == "correct", result["message"]
 
 
@@ -243,6 +243,6 @@ class ModelNew(nn.Module):
 
 
 def test_a_job_cannot_hold_memory_in_netlink_queues(small_memory_client: httpx.Client) -> None:
-    result = evaluate(small_memory_client, NETLINK_HOLDER, SMALL_REFERENCE, timeout_s=120)
+    result = evaluate_briefly(small_memory_client, NETLINK_HOLDER, SMALL_REFERENCE, timeout_s=120)
     assert result["status"] == "runtime_error", result["message"]
     assert "Address family not supported" in result["message"], result["message"]

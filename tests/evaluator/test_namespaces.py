@@ -33,7 +33,7 @@ from services.evaluator.sandbox import (
     strict_isolation_works,
 )
 from tests.evaluator import sources
-from tests.evaluator.conftest import evaluate, sandbox_uid_base, server_env
+from tests.evaluator.conftest import evaluate_briefly, sandbox_uid_base, server_env
 from tests.evaluator.test_sandbox import sandbox_processes
 from tests.servers import REPO, python_path, run_service
 
@@ -86,11 +86,11 @@ SHM_FIND = sources.candidate('raise RuntimeError(f"SHM {_shmget(0, 0)!r}")', pre
 def test_sysv_shared_memory_is_bounded_and_dies_with_the_job(client: httpx.Client, strict_only: None) -> None:
     remove_host_shm(SHM_KEY)
     try:
-        big, small = reported(evaluate(client, SHM_CREATE), "SHM")
+        big, small = reported(evaluate_briefly(client, SHM_CREATE), "SHM")
         assert big == "Invalid argument", f"a {4 * SHM_BYTES >> 20} MiB segment was allowed: {big!r}"
         assert isinstance(small, int), small
         assert SHM_KEY not in host_shm_keys(), "the candidate's segment is in the host's IPC namespace"
-        assert reported(evaluate(client, SHM_FIND), "SHM") == "No such file or directory"
+        assert reported(evaluate_briefly(client, SHM_FIND), "SHM") == "No such file or directory"
     finally:
         remove_host_shm(SHM_KEY)
 
@@ -128,12 +128,12 @@ raise RuntimeError(f"READ {{outcomes!r}}")
 """
     )
     try:
-        wrote = reported(evaluate(client, write), "WROTE")
+        wrote = reported(evaluate_briefly(client, write), "WROTE")
         # Each is an empty, writable tmpfs of the job's own.
         assert wrote == dict.fromkeys(paths, "written"), wrote
         leaked = [path for path in paths if Path(path).exists()]
         assert not leaked, f"written on the host: {leaked}"
-        assert reported(evaluate(client, read), "READ") == dict.fromkeys(paths, "FileNotFoundError")
+        assert reported(evaluate_briefly(client, read), "READ") == dict.fromkeys(paths, "FileNotFoundError")
     finally:
         for path in paths:
             Path(path).unlink(missing_ok=True)
@@ -154,7 +154,7 @@ raise RuntimeError(f"SIZES {sizes!r}")
 def test_private_scratch_places_are_bounded_in_bytes_and_inodes(client: httpx.Client, strict_only: None) -> None:
     """Empty files are kernel memory no disk block shows: without a cgroup, 2.5 million of them on a job disk froze
     the service, and those private mounts had no inode bound at all."""
-    sizes = reported(evaluate(client, SCRATCH_SIZES), "SIZES")
+    sizes = reported(evaluate_briefly(client, SCRATCH_SIZES), "SIZES")
     bound = (PRIVATE_TMPFS_MB, PRIVATE_TMPFS_MB * JOB_DISK_INODES_PER_MB)
     assert sizes == dict.fromkeys(("/tmp", "/var/tmp", "/dev/shm"), bound), sizes
 
@@ -178,7 +178,7 @@ def test_a_job_is_the_first_the_oom_killer_takes(client: httpx.Client, strict_on
     """Compose's container has no job cgroups, and its jobs' limits together exceed its own: when it runs out of
     memory, the kernel should kill a job, not the service. Where the service holds CAP_SYS_RESOURCE, the job cannot
     lower its score again; without it (compose, and this machine's bounding set), down to the service's own."""
-    adjustment, lowered = reported(evaluate(client, OOM_SCORE), "OOM")
+    adjustment, lowered = reported(evaluate_briefly(client, OOM_SCORE), "OOM")
     assert adjustment == str(OOM_SCORE_ADJ)
     effective = int(Path("/proc/self/status").read_text().split("CapEff:")[1].split()[0], 16)
     if effective & (1 << 24):  # CAP_SYS_RESOURCE
@@ -208,7 +208,7 @@ def service_pid(url: str) -> int:
 def test_proc_shows_only_the_jobs_own_processes(client: httpx.Client, evaluator_url: str, strict_only: None) -> None:
     service = service_pid(evaluator_url)
     others = sorted(p.pid for p in sandbox_processes())
-    result = evaluate(
+    result = evaluate_briefly(
         client,
         sources.candidate(
             f"""
@@ -286,7 +286,7 @@ def test_setsid_daemon_dies_with_the_job(
     client: httpx.Client, forward: str, timeout_s: int, status: str, strict_only: None
 ) -> None:
     try:
-        result = evaluate(client, sources.candidate(forward, prelude=DAEMON_PRELUDE), timeout_s=timeout_s)
+        result = evaluate_briefly(client, sources.candidate(forward, prelude=DAEMON_PRELUDE), timeout_s=timeout_s)
         assert result["status"] == status, result["message"]
         assert not surviving_daemons(), "a setsid daemon outlived its job"
         # Gone with the worker, not only at the service's sweep after it: it never saw the worker end.
@@ -449,7 +449,7 @@ def test_without_ptrace_a_timed_cpu_evaluation_is_an_evaluator_error(tmp_path: P
         httpx.Client(base_url=url, timeout=300) as client,
     ):
         assert client.get("/health").json()["details"]["isolation"] == "strict"
-        result = evaluate(client, sources.CORRECT, timing_trials=5)
+        result = evaluate_briefly(client, sources.CORRECT, timing_trials=5)
     assert result["status"] == "evaluator_error", result
     assert "cannot read the worker's memory" in result["message"] and "CAP_SYS_PTRACE" in result["message"], result
     assert "timed evaluations on the CPU will end evaluator_error" in log.read_text()

@@ -29,7 +29,7 @@ from services.evaluator.sandbox import (
     stop_job,
 )
 from tests.evaluator import sources
-from tests.evaluator.conftest import WORKERS, evaluate, sandbox_uid_base, server_env
+from tests.evaluator.conftest import WORKERS, evaluate_briefly, sandbox_uid_base, server_env
 from tests.servers import REPO, run_service
 
 
@@ -109,7 +109,7 @@ def test_writes_outside_private_dir_fail(
     client: httpx.Client, tmp_path: Path, build_cache_dir: Path, strict_only: None
 ) -> None:
     targets = [str(tmp_path / "outside.txt"), str(REPO / "pwned.txt"), str(build_cache_dir / "pwned.txt"), "/pwned.txt"]
-    result = evaluate(client, sources.write_outside(targets))
+    result = evaluate_briefly(client, sources.write_outside(targets))
     assert "WRITES" in result["message"], result["message"]
     for target in targets:
         assert not Path(target).exists(), f"{target} was written by a candidate"
@@ -120,19 +120,19 @@ def test_writes_outside_private_dir_fail(
 
 def test_network_is_unreachable(client: httpx.Client, evaluator_url: str, strict_only: None) -> None:
     port = urlparse(evaluator_url).port
-    result = evaluate(client, sources.NETWORK.replace("PORT", str(port)))
+    result = evaluate_briefly(client, sources.NETWORK.replace("PORT", str(port)))
     assert "NETWORK" in result["message"], result["message"]
     assert "NETWORK connected" not in result["message"]
     evaluate_ok(client)
 
 
 def test_reference_outputs_are_out_of_reach(client: httpx.Client, strict_only: None) -> None:
-    result = evaluate(client, sources.FIND_REFERENCE_OUTPUTS)
+    result = evaluate_briefly(client, sources.FIND_REFERENCE_OUTPUTS)
     assert "FOUND []" in result["message"], result["message"]
 
 
 def test_fork_bomb_is_contained(client: httpx.Client, strict_only: None) -> None:
-    result = evaluate(client, sources.FORK_BOMB, timeout_s=30)
+    result = evaluate_briefly(client, sources.FORK_BOMB, timeout_s=30)
     assert result["status"] in ("runtime_error", "timeout", "crashed"), result["message"]
     if result["status"] == "runtime_error":
         assert "fork refused" in result["message"]
@@ -176,20 +176,20 @@ def test_the_service_reaps_its_killed_workers(tmp_path: Path, strict_only: None)
     prefix = [sys.executable, "-c", NON_REAPING_INIT, str(report)]
     with run_service("evaluator", env=env, prefix=prefix) as url, httpx.Client(base_url=url, timeout=600) as http:
         for candidate, status in ((sources.CORRECT, "correct"), (sources.INFINITE_LOOP, "timeout")):
-            result = evaluate(http, candidate, timeout_s=20)
+            result = evaluate_briefly(http, candidate, timeout_s=20)
             assert result["status"] == status, result["message"]
     left = json.loads(report.read_text())
     assert not [pid for pid, uid in left if base <= uid < base + uid_count(WORKERS)], left
 
 
 def evaluate_ok(client: httpx.Client) -> None:
-    result = evaluate(client, sources.CORRECT)
+    result = evaluate_briefly(client, sources.CORRECT)
     assert result["status"] == "correct", result["message"]
 
 
 @pytest.mark.parametrize("reference", [sources.REFERENCE_WITH_WEIGHTS])
 def test_same_seed_gives_same_random_weights(client: httpx.Client, reference: str) -> None:
-    result = evaluate(client, sources.LINEAR_CORRECT, reference=reference, seed=None)
+    result = evaluate_briefly(client, sources.LINEAR_CORRECT, reference=reference, seed=None)
     assert result["status"] == "correct", result["message"]
     assert isinstance(result["seed"], int)
 
