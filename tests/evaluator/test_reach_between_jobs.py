@@ -22,7 +22,7 @@ import pytest
 
 from services.evaluator import landlock
 from tests.evaluator import sources
-from tests.evaluator.conftest import FAKE_API_KEY, PROCESS_USER, evaluate, process_server, server_env
+from tests.evaluator.conftest import FAKE_API_KEY, PROCESS_USER, evaluate_briefly, process_server, server_env
 from tests.evaluator.test_namespaces import DAEMON_PRELUDE, surviving_daemons
 from tests.servers import run_service
 
@@ -156,13 +156,13 @@ def assert_tampering(result: dict, text: str) -> None:
 
 
 def test_a_job_cannot_read_the_secrets_of_the_processes_the_service_starts(any_client: httpx.Client) -> None:
-    result = evaluate(any_client, READS_THE_SERVICE_S_CHILDREN)
+    result = evaluate_briefly(any_client, READS_THE_SERVICE_S_CHILDREN)
     assert FAKE_API_KEY not in result["message"] and "STOLEN" not in result["message"], result["message"]
     assert result["status"] != "evaluator_error", result["message"]
 
 
 def test_a_job_cannot_open_the_pipes_or_memory_of_other_workers(any_client: httpx.Client) -> None:
-    result = evaluate(any_client, OPENS_OTHER_WORKERS_PIPES)
+    result = evaluate_briefly(any_client, OPENS_OTHER_WORKERS_PIPES)
     assert result["status"] == "correct", result["message"]
 
 
@@ -211,7 +211,7 @@ def test_a_job_cannot_hold_the_memory_of_a_worker_that_is_starting(process_clien
     Landlock domain is (landlock.py). Without Landlock the job held a starting worker's memory within 0.01 s."""
     if _landlock_abi(process_client) == 0:
         pytest.skip("no Landlock here: a starting worker is reachable (docs/evaluator.md, Not covered)")
-    result = evaluate(process_client, HOLDS_A_STARTING_WORKER_S_MEMORY)
+    result = evaluate_briefly(process_client, HOLDS_A_STARTING_WORKER_S_MEMORY)
     assert result["status"] == "correct", result["message"]
 
 
@@ -236,9 +236,9 @@ def test_a_job_cannot_set_the_service_s_limits_or_priority(tmp_path_factory: pyt
     """Process isolation (the service's uid): the seccomp filter refuses limits, priorities and scheduling set for
     any other process. A server of its own: on failure this one is broken."""
     with process_server(tmp_path_factory.mktemp("evaluator-limits") / "server.log") as (client, _):
-        result = evaluate(client, LIMITS_THE_SERVICE)
+        result = evaluate_briefly(client, LIMITS_THE_SERVICE)
         assert result["status"] == "incorrect", result["message"]
-        result = evaluate(client, sources.CORRECT)
+        result = evaluate_briefly(client, sources.CORRECT)
         assert result["status"] == "correct", result["message"]
 
 
@@ -260,7 +260,7 @@ else:
     raise RuntimeError("connected to the service on port {port}")
 """,
     )
-    result = evaluate(process_client, calls_the_service)
+    result = evaluate_briefly(process_client, calls_the_service)
     assert result["status"] == "correct", result["message"]
 
 
@@ -300,7 +300,7 @@ def test_a_job_reaches_no_process_outside_its_domain_even_of_its_own_uid(process
     as_user = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups", "--"]
     target = subprocess.Popen([*(as_user if os.geteuid() == 0 else []), "sleep", "600"])
     try:
-        result = evaluate(process_client, reaches_process(target.pid))
+        result = evaluate_briefly(process_client, reaches_process(target.pid))
     finally:
         target.kill()
         target.wait()
@@ -316,7 +316,7 @@ def test_a_job_that_breaks_its_timer_gets_a_verdict_of_its_own(any_client: httpx
     SIGINT, which made the timer raise KeyboardInterrupt (and the next evaluation's reference, in an idle worker),
     is ignored by every worker but a candidate's. Strict isolation, or Landlock's scopes: the signals reach no other
     worker; the zeros are wrong."""
-    result = evaluate(any_client, breaks_its_timer(signum), correctness_trials=3)
+    result = evaluate_briefly(any_client, breaks_its_timer(signum), correctness_trials=3)
     reaches_the_timer = _landlock_abi(any_client) < landlock.SCOPES_ABI
     if (
         signum == "SIGKILL"
@@ -331,7 +331,7 @@ def test_a_job_that_breaks_its_timer_gets_a_verdict_of_its_own(any_client: httpx
     else:
         # A timeout where the machine is loaded enough that its start (37.7 s in one local CI run) takes its time.
         assert result["status"] in ("incorrect", "rejected", "timeout"), result
-    after = evaluate(any_client, sources.CORRECT)
+    after = evaluate_briefly(any_client, sources.CORRECT)
     assert after["status"] == "correct", after["message"]
 
 
@@ -361,7 +361,7 @@ def test_a_planted_directory_where_the_timer_writes_the_reference_s_source_chang
 ) -> None:
     """The file is only for inspect to read back: the timer times without it, and the zeros are the candidate's."""
     with process_server(tmp_path_factory.mktemp("evaluator-planted") / "server.log") as (client, _):
-        result = evaluate(client, PLANTS_IN_THE_IDLE_WORKERS)
+        result = evaluate_briefly(client, PLANTS_IN_THE_IDLE_WORKERS)
     assert result["status"] in ("incorrect", "rejected") and "result_tampering" not in result["flags"], result
 
 
@@ -394,13 +394,13 @@ def test_a_timer_killed_as_it_starts_in_process_isolation_is_the_candidates(proc
     timer killed once started (before its model is built) is the candidate's too. With Landlock's scopes the job's
     signals reach no worker: its answers are right, and its scanning thread's CPU beside the timed calls may have
     the judge reject its timing, never the timer's failure."""
-    result = evaluate(process_client, KILLS_EVERY_STARTING_WORKER)
+    result = evaluate_briefly(process_client, KILLS_EVERY_STARTING_WORKER)
     if _landlock_abi(process_client) >= landlock.SCOPES_ABI:
         assert result["status"] in ("correct", "rejected"), result["message"]
         assert "result_tampering" not in result["flags"], result["message"]
     else:
         assert_tampering(result, "the reference timer")
-    assert evaluate(process_client, sources.CORRECT)["status"] == "correct"
+    assert evaluate_briefly(process_client, sources.CORRECT)["status"] == "correct"
 
 
 # At import, makes every other worker's directories read-only (process isolation: the service's uid), then answers
@@ -456,14 +456,14 @@ def test_a_job_that_breaks_other_workers_directories_gets_a_verdict_of_its_own(
     but plants nothing."""
     log = tmp_path_factory.mktemp("process-drawn-log") / "server.log"
     with process_server(log, EVALUATOR_DATA_PATH="drawn") as (client, _):
-        result = evaluate(client, LOCKS_OTHER_WORKERS_DIRECTORIES)
+        result = evaluate_briefly(client, LOCKS_OTHER_WORKERS_DIRECTORIES)
         assert result["status"] == "incorrect", result["message"]
-        planted = evaluate(client, PLANTS_OTHER_WORKERS_INPUTS)
+        planted = evaluate_briefly(client, PLANTS_OTHER_WORKERS_INPUTS)
         if _landlock_abi(client) == 0:
             assert_tampering(planted, "the reference timer could not be set up")
         else:  # its domain keeps its writes to its own home: nothing is planted, and its wrong answer is its own
             assert planted["status"] == "incorrect", planted["message"]
-        result = evaluate(client, sources.CORRECT)
+        result = evaluate_briefly(client, sources.CORRECT)
         assert result["status"] == "correct", result["message"]
 
 
@@ -484,7 +484,7 @@ def test_a_default_acl_on_the_workers_directories_breaks_no_later_evaluation(
     seccomp filter fails every extended attribute set with ENOTSUP), so the test sets them as that job did, on the
     idle workers' directories or the directory the service makes every worker in: the service's own checks of its
     directories are what this tests."""
-    assert evaluate(process_client, sources.CORRECT)["status"] == "correct"
+    assert evaluate_briefly(process_client, sources.CORRECT)["status"] == "correct"
     (work,) = process_home.glob("kernel-agent-evaluator-*")
     roots = [root for root in work.glob("w*-*") if root.is_dir()]
     targets = [work] if target == "work" else [path for root in roots for path in (root / "home", root)]
@@ -492,7 +492,7 @@ def test_a_default_acl_on_the_workers_directories_breaks_no_later_evaluation(
     for path in targets:
         os.setxattr(path, "system.posix_acl_default", NO_RIGHTS_BY_DEFAULT)
     for _ in range(4):
-        result = evaluate(process_client, sources.CORRECT)
+        result = evaluate_briefly(process_client, sources.CORRECT)
         assert result["status"] == "correct", result["message"]
 
 
@@ -538,8 +538,8 @@ def test_a_job_that_fills_the_disk_it_shares_with_the_timer_gets_a_verdict_of_it
         )  # fmt: skip
         log = tmp_path_factory.mktemp("small-disk-log") / "server.log"
         with run_service("evaluator", env=env, log_path=log) as url, httpx.Client(base_url=url, timeout=600) as client:
-            assert_tampering(evaluate(client, FILLS_THE_DISK), "the disk the job shares with the judge is full")
-            assert evaluate(client, sources.CORRECT)["status"] == "correct"
+            assert_tampering(evaluate_briefly(client, FILLS_THE_DISK), "the disk the job shares with the judge is full")
+            assert evaluate_briefly(client, sources.CORRECT)["status"] == "correct"
     finally:
         subprocess.run(["umount", "-l", str(work)], check=False)
         work.rmdir()
@@ -551,7 +551,7 @@ def test_process_isolation_removes_every_finished_workers_directory(
     """The service, not root there, could not empty the read-only inputs directory it hands over: every worker's
     directory (and on the `files` path every input set) was left behind."""
     for seed in range(3):
-        result = evaluate(process_client, sources.CORRECT, seed=seed)
+        result = evaluate_briefly(process_client, sources.CORRECT, seed=seed)
         assert result["status"] == "correct", result["message"]
     left = [path for path in process_home.glob("kernel-agent-evaluator-*/w*") if path.is_dir()]
     # The idle workers (two per slot) and at most one being replaced.
@@ -561,9 +561,9 @@ def test_process_isolation_removes_every_finished_workers_directory(
 def test_workers_a_job_stopped_or_killed_are_not_handed_to_the_next(any_client: httpx.Client) -> None:
     """In process isolation a job can signal the idle workers: a later evaluation gets one resumed, or a fresh one
     for one that was killed (it got `evaluator_error`, the reference's run or timer never answering)."""
-    assert evaluate(any_client, STOPS_THE_IDLE_WORKERS)["status"] == "correct"
+    assert evaluate_briefly(any_client, STOPS_THE_IDLE_WORKERS)["status"] == "correct"
     for seed in range(3):
-        result = evaluate(any_client, sources.CORRECT, seed=seed)
+        result = evaluate_briefly(any_client, sources.CORRECT, seed=seed)
         assert result["status"] == "correct", result["message"]
 
 
@@ -576,7 +576,7 @@ def test_a_job_s_daemon_dies_in_process_isolation(process_client: httpx.Client, 
     service adopts such processes (a child subreaper) and kills them within a quarter of a second, so none is left
     when the verdict comes, whether the worker exits or the job ends."""
     try:
-        result = evaluate(process_client, sources.candidate(forward, prelude=DAEMON_PRELUDE))
+        result = evaluate_briefly(process_client, sources.candidate(forward, prelude=DAEMON_PRELUDE))
         assert result["status"] == status, result["message"]
         # The worker may exit before the next sweep: a quarter of a second, and the time a scan takes on a busy host.
         assert _none_within(2.0, surviving_daemons), "a setsid daemon outlived its job"
@@ -615,7 +615,7 @@ def test_a_relay_of_daemons_dies_with_its_first(process_client: httpx.Client) ->
     service, and chmod-ed later evaluations' directories (`runtime_error` for an honest candidate). The sweep stops
     a re-parented process's whole tree before it kills it."""
     try:
-        result = evaluate(
+        result = evaluate_briefly(
             process_client, sources.candidate("return x.clamp_min(0) * self.scale", prelude=RELAY_PRELUDE)
         )
         assert result["status"] == "correct", result["message"]
@@ -673,7 +673,7 @@ time.sleep(0.1)  # its parent has exited: it is re-parented by now
 def test_a_job_s_orphans_stay_in_its_worker_s_tree(process_client: httpx.Client) -> None:
     """Process isolation: each worker is the subreaper of its job's orphans, so a double-forked process stays where
     the judge's stops reach it (before, it went to the service and ran on until the sweep killed it)."""
-    result = evaluate(process_client, KEEPS_AN_ORPHAN)
+    result = evaluate_briefly(process_client, KEEPS_AN_ORPHAN)
     assert result["status"] == "correct", result["message"]
 
 
@@ -739,10 +739,10 @@ def test_processes_out_of_the_tree_do_not_slow_the_reference(process_client: htt
     """Process isolation: the hog scored `correct` at 1.6-2.8x, with no flag, in 4 of 5 runs of three, against
     0.4-1.2x for the same computation without it (a loaded 2-core host). Its spinners now stay in the worker's
     tree, and the judge stops them with the candidate."""
-    honest = evaluate(
+    honest = evaluate_briefly(
         process_client, sources.candidate(HEAVY_RELU), sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240
     )
     top = honest["speedup"] or 1.0
     for _ in range(3):
-        hog = evaluate(process_client, ESCAPEE_HOG, sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240)
+        hog = evaluate_briefly(process_client, ESCAPEE_HOG, sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240)
         assert not (hog["status"] == "correct" and (hog["speedup"] or 0) > max(1.5, 1.5 * top)), (hog, top)
