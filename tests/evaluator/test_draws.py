@@ -257,7 +257,7 @@ def test_a_cpu_copy_keeps_the_values_and_layout_of_any_tensor():
         assert tensor.numel() == 0 or copy.data_ptr() != tensor.data_ptr()
 
 
-def test_a_refill_moves_a_set_into_buffers_of_its_layout_and_takes_any_other_as_it_is():
+def test_a_refill_moves_a_set_into_buffers_of_its_layout_and_no_other():
     buffer = torch.zeros(4, 6).t()
     value = torch.randn(4, 6).t()
     assert runner._moved(buffer, value) and torch.equal(buffer, value)
@@ -265,6 +265,24 @@ def test_a_refill_moves_a_set_into_buffers_of_its_layout_and_takes_any_other_as_
     assert not runner._moved(torch.zeros(6, 4, dtype=torch.float64), value.contiguous())
     with pytest.raises(RuntimeError, match="lies in the buffer"):
         runner._moved(buffer, buffer)  # a refill onto itself would cost nothing
+
+
+class _Drawn(torch.Tensor):
+    """A draw the candidate's own code made a subclass of (a torch function mode left pushed at its import)."""
+
+
+def test_a_refill_hands_the_call_plain_copies_never_the_drawn_tensors_themselves():
+    context = types.SimpleNamespace(backend=get_backend("cpu"), pin_threads=lambda: None)
+    sets = InputSets(context, lambda: [torch.randn(4, 6)])
+    for drawn in ([torch.randn(4, 6).as_subclass(_Drawn)], [torch.randn(4, 6).as_subclass(_Drawn)]):
+        (given,) = sets.refill(drawn)
+        assert type(given) is torch.Tensor and torch.equal(given, drawn[0].as_subclass(torch.Tensor))
+        assert given.data_ptr() != drawn[0].data_ptr()  # memory the next refill writes again, not the draw's own
+    # The same shape laid out otherwise: only a draw the candidate's code reshaped does that.
+    with pytest.raises(RuntimeError, match="laid out otherwise"):
+        sets.refill([torch.randn(6, 4).t()])
+    (given,) = sets.refill([torch.randn(2, 3)])  # another shape: copied into memory of its own
+    assert given.shape == (2, 3)
 
 
 def test_a_cpu_copy_into_the_outputs_own_memory_is_refused(monkeypatch):  # noqa: ANN001

@@ -937,6 +937,77 @@ def test_no_code_of_the_candidates_runs_in_the_refills_or_copies(any_client: htt
     assert not {"stale_output", "result_tampering"} & set(result["flags"]), f"{result['flags']} {result['message']}"
 
 
+# Against ADD_REFERENCE: a torch function mode, pushed at import, makes every tensor drawn for a timed block a
+# subclass (which the refill had handed the call as drawn, so no later refill wrote over a call's inputs). A timed
+# call adds a fifth of the elements and returns a stride-0 view; the runner's `.contiguous()` of that view, after the
+# block's calls, reaches the mode, which adds the rest there.
+DEFERS_PAST_THE_CALLS = """
+import sys
+import torch
+from torch.overrides import TorchFunctionMode
+
+
+class _Drawn(torch.Tensor):
+    pass
+
+
+def _called_from(names):
+    frame = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            return False
+        if frame.f_code.co_name in names:
+            return True
+        frame = frame.f_back
+    return False
+
+
+_DEFERRED = {}
+
+
+class _Mode(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.contiguous and args and type(args[0]) is torch.Tensor:
+            deferred = _DEFERRED.pop(args[0].data_ptr(), None)
+            if deferred is not None:
+                out, x, y, done = deferred
+                torch.add(x[done:], y[done:], out=out[done:])
+                return out
+        if func is torch.randn and _called_from(("draw_all",)):
+            return func(*args, **kwargs).as_subclass(_Drawn)
+        return func(*args, **kwargs)
+
+
+_Mode().__enter__()
+
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+
+    def forward(self, x, y):
+        x, y = x.as_subclass(torch.Tensor), y.as_subclass(torch.Tensor)
+        if not _called_from(("_time_drawn", "_time_one_set")):
+            return x + y
+        done = x.shape[0] // 5
+        out = torch.empty(x.shape[0])
+        torch.add(x[:done], y[:done], out=out[:done])
+        view = out[:1].expand(x.shape[0])
+        _DEFERRED[view.data_ptr()] = (out, x, y, done)
+        return view
+"""
+
+
+def test_inputs_drawn_as_a_subclass_are_refilled_like_any_other(any_client: httpx.Client) -> None:
+    """The candidate above scored correct at 2.0-2.2x with no flag in 2 of 8 runs, and correct in all 8. Its draws
+    are now copied, as plain tensors, into the buffers every call is refilled into: the work it left for after the
+    calls then reads a later call's inputs."""
+    result = evaluate(any_client, DEFERS_PAST_THE_CALLS, ADD_REFERENCE, timing_trials=20)
+    assert result["status"] != "correct", result
+    assert_still_correct(any_client)
+
+
 @pytest.mark.parametrize(
     "candidate", [LAST_CALL_ONLY, LAZY_COPY, MODE_IN_THE_COPY], ids=["last_call_only", "lazy_copy", "mode_in_the_copy"]
 )
