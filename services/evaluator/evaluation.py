@@ -39,12 +39,14 @@ from services.evaluator import (
 )
 from services.evaluator.backends import BACKENDS, get_backend, resolve_device
 from services.evaluator.compare import (
+    MAX_LEAVES,
     TIME_LIMIT_MESSAGE,
     Comparison,
     compare_outputs,
     error_maxima,
     load_data,
     output_size_limit,
+    trusted_leaves,
 )
 from services.evaluator.config import HACK_FLAGS, Settings
 from services.evaluator.device_memory import GIB, DoesNotFitError, evaluation_need
@@ -140,6 +142,12 @@ class ReferenceData:
     # What the reference's run peaked at on its GPU (torch's reserved memory; 0 on a CPU): each evaluation's
     # device memory is admitted from it (device_memory).
     device_peak_bytes: int = 0
+
+    @property
+    def max_output_leaves(self) -> int:
+        """Most leaves a candidate's output may have, which its worker is told (compare.candidate_leaves allows
+        each trial as many as the reference's where those exceed MAX_LEAVES; this is their most over the trials)."""
+        return max([MAX_LEAVES, *(len(trusted_leaves(expected)) for expected in self.expected)])
 
     @property
     def size(self) -> int:
@@ -533,7 +541,8 @@ class Judge:
             state.phases["startup"] = job_sent_at - asked_at
             await candidate.send(
                 {"role": "candidate", "candidate_source": self.request.candidate_source, "seed": self.seed,
-                 "trials": self.trials, "reference_source": self.request.reference_source}
+                 "trials": self.trials, "reference_source": self.request.reference_source,
+                 "max_leaves": self.reference.max_output_leaves}
             )  # fmt: skip
             if self.gpu is not None:
                 await self._launch_timer()
@@ -1341,7 +1350,10 @@ class Judge:
         next check, `checks/<self.checks>/0.pt`."""
         self.checks += 1
         nonce = secrets.token_hex(8)
-        await candidate.send({"op": "save", "call": call, "check": self.checks, "nonce": nonce})
+        await candidate.send(
+            {"op": "save", "call": call, "check": self.checks, "nonce": nonce,
+             "max_leaves": self.reference.max_output_leaves}
+        )  # fmt: skip
         reply = await candidate.expect({"saved", "error"}, self.deadline)
         if reply is None or reply["event"] == "error":
             raise CandidateFailure

@@ -372,6 +372,7 @@ def _run_handed_over(context: WorkerContext, model: Any, job: dict[str, Any]) ->
                 seed_everything(job["seed"] + 1 + trial)
                 outputs = model(*args)
                 context.backend.synchronize()
+                _check_leaves(outputs, job["max_leaves"])
                 _save({"outputs": to_plain(outputs), "inputs_after": to_plain(args)}, out_dir / f"{trial}.pt")
     except BaseException:
         context.emit("error", stage="run", message=traceback.format_exc())
@@ -428,10 +429,18 @@ def _inputs_sketch(args: list[Any]) -> str:
     return output_digest.output_sketch([value for value in args if isinstance(value, torch.Tensor)])
 
 
+def _check_leaves(output: Any, max_leaves: Any) -> None:
+    """Raise (compare.MalformedDataError) before an output is copied where it holds more leaves than the judge
+    allows, the limit the service holds what it reads to: a tuple of 100,000 references to one tensor, copied and
+    saved one by one, took a 2-core machine past the time limit instead of failing at once."""
+    compare.flatten(output, max_leaves=int(max_leaves))
+
+
 def _save_for_check(context: WorkerContext, output: Any, command: dict[str, Any], exact: bool) -> list[Any] | None:
     """Hand over an output the judge will have the reference's timer check: on a GPU its tensors' bytes in device
     memory sent on the handover socket (device_handover), described in the returned list; otherwise, or where this
     GPU cannot export them, written to `checks/<check>/0.pt` (None). `exact`: as to_plain's."""
+    _check_leaves(output, command["max_leaves"])
     tensors = device_handover.handover_tensors(output) if context.handover is not None else None
     if tensors is not None and context.handover is not None:
         try:
