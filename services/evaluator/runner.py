@@ -59,8 +59,6 @@ from services.evaluator.guards import Guard
 # Bound before any candidate code runs: what outputs are written and inputs read and refilled with.
 _save = torch.save
 _load = torch.load
-_copy = torch.Tensor.copy_
-_clone = torch.Tensor.clone
 _as_subclass = torch.Tensor.as_subclass
 _Tensor = torch.Tensor
 # What switches torch's Python hooks off around the runner's own copies (_without_candidate_hooks): an immutable type
@@ -69,9 +67,26 @@ _no_torch_function = torch._C.DisableTorchFunction
 _key_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
 _exclude_key = torch._C._dispatch_tls_set_dispatch_key_excluded
 _PYTHON_KEYS = (torch._C.DispatchKey.Python, torch._C.DispatchKey.PythonTLSSnapshot)
-# A CPU copy that no kernel of the candidate's can stand in for (_moved, _copied): torch's copy and clone run whatever
-# kernel is registered for them, and a candidate can register its own (torch.library, or C++).
+# Copies that no kernel of the candidate's can stand in for (_moved, _copy_of): torch's copy and clone run whatever
+# kernel is registered for them, and a candidate can register its own (torch.library, or C++). On a CPU a memmove; on
+# a GPU the CUDA driver's copy, in the order of torch's current stream.
 _memmove = ctypes.memmove
+_current_stream = torch.cuda.current_stream
+
+
+def _cuda_driver_copy() -> Any:
+    """cuMemcpyDtoDAsync_v2 of the CUDA driver, bound here, before any candidate code runs; None without a driver."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    copy = driver.cuMemcpyDtoDAsync_v2
+    copy.argtypes = (ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p)
+    copy.restype = ctypes.c_int
+    return copy
+
+
+_device_copy = _cuda_driver_copy()
 _empty = torch.empty
 _bytes_dtype = torch.uint8
 _no_grad = torch.no_grad
@@ -550,15 +565,13 @@ class InputSets:
             buffer = buffers[index]
             if _moved(buffer, value):
                 continue
-            if isinstance(value, _Tensor) and value.device.type == "cpu":
-                if isinstance(buffer, _Tensor) and (buffer.shape, buffer.dtype) == (value.shape, value.dtype):
+            if isinstance(value, _Tensor):
+                if isinstance(buffer, _Tensor) and _same_kind(buffer, value):
                     # Only a draw the candidate's own code reshaped lays one input out otherwise from set to set.
                     raise RuntimeError("a drawn input is laid out otherwise than the last set's")
-                buffers[index] = _copy_of(value)  # another shape or dtype than the last set's
-            elif isinstance(value, torch.Tensor) and isinstance(buffer, torch.Tensor) and buffer.shape == value.shape:
-                _copy(buffer, value)
+                buffers[index] = _copy_of(value)  # another shape, dtype or device than the last set's
             else:
-                buffers[index] = value.clone() if isinstance(value, torch.Tensor) else value
+                buffers[index] = value
         return buffers
 
 
@@ -727,22 +740,26 @@ def _as_plain(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _copy_of(tensor: torch.Tensor) -> torch.Tensor:
-    """A copy of the tensor, with its strides. On a CPU its bytes move by memmove: a red-team candidate registered
-    its own kernel for torch's clone (torch.library), which no switch turns off, and computed its answer there, into
-    the copy, while its call only returned a kept buffer: one pass over the output where the reference's timed calls
-    made two (its answer, then the copy), correct at 1.6-1.8x. The tensors torch makes around the memmove are checked
-    to be the memory it wrote."""
+    """A copy of the tensor, with its strides, whose bytes move by memmove on a CPU and by the CUDA driver on a GPU
+    (_move_bytes): a red-team candidate registered its own kernel for torch's clone (torch.library), which no switch
+    turns off, and computed its answer there, into the copy, while its call only returned a kept buffer: one pass
+    over the output where the reference's timed calls made two (its answer, then the copy), correct at 1.6-1.8x. The
+    tensors torch makes around the copy are checked to be the memory it wrote."""
     spans = _span(tensor)
-    if not spans or tensor.device.type != "cpu":
-        return _clone(tensor)  # on a GPU a kernel of the candidate's can stand in: docs/evaluator.md
-    start, end = spans[0]
-    block = _empty(end - start, dtype=_bytes_dtype)
-    if type(block) is not _Tensor or block.numel() != end - start or block.element_size() != 1:
+    start, end = spans[0] if spans else (0, 0)
+    block = _empty(end - start, dtype=_bytes_dtype, device=tensor.device)
+    if (
+        type(block) is not _Tensor
+        or block.numel() != end - start
+        or block.element_size() != 1
+        or block.device != tensor.device
+    ):
         raise RuntimeError("torch.empty returned other than the memory asked for")
-    if _overlap(block.data_ptr(), start, end - start):
-        # A red-team candidate's own kernel for torch.empty returned the output's memory: a copy onto itself, free.
-        raise RuntimeError("torch.empty returned memory the output lies in")
-    _memmove(block.data_ptr(), start, end - start)
+    if spans:
+        if _overlap(block.data_ptr(), start, end - start):
+            # A red-team candidate's own kernel for torch.empty returned the output's memory: a copy onto itself, free.
+            raise RuntimeError("torch.empty returned memory the output lies in")
+        _move_bytes(block, start, end - start)
     copy = block.view(tensor.dtype).as_strided(tensor.shape, tensor.stride())
     if (
         type(copy) is not _Tensor
@@ -756,23 +773,41 @@ def _copy_of(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _moved(destination: Any, source: Any) -> bool:
-    """Whether the source's elements were copied into the destination by one memmove of the bytes they span: CPU
-    tensors of one dtype, shape and strides (a refill of the input buffers). In the refills a red-team candidate's
-    own kernel for torch's copy skipped half of each input, which its call then never read, and computed half of the
-    answer in the time that left: correct at 2.0-2.2x against a reference adding two 16 MB vectors."""
+    """Whether the source's elements were copied into the destination by one move of the bytes they span
+    (_move_bytes): tensors of one device, dtype, shape and strides (a refill of the input buffers). In the refills a
+    red-team candidate's own kernel for torch's copy skipped half of each input, which its call then never read, and
+    computed half of the answer in the time that left: correct at 2.0-2.2x against a reference adding two 16 MB
+    vectors."""
     if not (type(destination) is _Tensor and type(source) is _Tensor):
         return False
-    if destination.device.type != "cpu" or source.device.type != "cpu" or destination.dtype != source.dtype:
-        return False
-    if destination.shape != source.shape or destination.stride() != source.stride():
+    if not _same_kind(destination, source) or destination.stride() != source.stride():
         return False
     spans = _span(source)
     if spans:
         start, end = spans[0]
         if _overlap(destination.data_ptr(), start, end - start):
             raise RuntimeError("a drawn input lies in the buffer it is refilled into")  # a refill onto itself, free
-        _memmove(destination.data_ptr(), start, end - start)
+        _move_bytes(destination, start, end - start)
     return True
+
+
+def _same_kind(one: torch.Tensor, other: torch.Tensor) -> bool:
+    """One device, dtype and shape: what a refill may move one into the other by their bytes, if laid out alike."""
+    return (one.device, one.dtype, one.shape) == (other.device, other.dtype, other.shape)
+
+
+def _move_bytes(destination: torch.Tensor, source: int, count: int) -> None:
+    """`count` bytes from address `source` to `destination`'s first byte, on the destination's device: a memmove on
+    a CPU, the CUDA driver's copy on a GPU, in the order of the device's current stream (the caller synchronises)."""
+    kind = destination.device.type
+    if kind == "cpu":
+        _memmove(destination.data_ptr(), source, count)
+        return
+    if kind != "cuda" or _device_copy is None:
+        raise RuntimeError(f"no copy of the runner's own for memory on {destination.device}")
+    result = _device_copy(destination.data_ptr(), source, count, _current_stream(destination.device).cuda_stream)
+    if result != 0:
+        raise RuntimeError(f"cuMemcpyDtoDAsync failed with CUDA error {result}")
 
 
 def _overlap(destination: int, source: int, count: int) -> bool:

@@ -15,10 +15,18 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from services.evaluator import gpu_checks, runner
+from services.evaluator import gpu_checks, output_digest, runner
 from services.evaluator.backends import get_backend
 from services.evaluator.guards import Guard
 from services.evaluator.runner import InputSets, _reused_by_later_calls, serve_timing
+
+# The runner's own copies are tested on each device they take: memmove on a CPU, the CUDA driver's copy on a GPU.
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+    ),
+]
 
 
 def _get_inputs() -> list:
@@ -60,8 +68,8 @@ def test_pythons_and_numpys_generators_are_seeded_once_a_block(monkeypatch):  # 
 class _ScriptedContext:
     """What serve_timing reads and writes of a worker's context: the judge's commands, in order, and its events."""
 
-    def __init__(self, commands: list[dict[str, Any]]) -> None:
-        self.backend = get_backend("cpu")
+    def __init__(self, commands: list[dict[str, Any]], device: str = "cpu") -> None:
+        self.backend = get_backend(device)
         self.commands = iter(commands)
         self.events: list[dict[str, Any]] = []
         self.made: list[weakref.ref[torch.Tensor]] = []  # every set drawn and every output, in order
@@ -105,10 +113,10 @@ def test_a_worker_holds_no_earlier_blocks_inputs_or_outputs_while_it_draws():
     assert earlier_alive == [0] * 6
 
 
-def _block_replies(model: Any, calls: int, copy: bool) -> list[dict[str, Any]]:
+def _block_replies(model: Any, calls: int, copy: bool, device: str = "cpu") -> list[dict[str, Any]]:
     """The `block` reply to one block of `calls` calls, each output copied as its call returns where `copy`."""
     block = [{"op": "draw", "seeds": list(range(calls)), "nonce": "d"}, {"op": "block", "nonce": "b", "copy": copy}]
-    context = _ScriptedContext([*block, {"op": "exit"}])
+    context = _ScriptedContext([*block, {"op": "exit"}], device)
     serve_timing(context, model, InputSets(context, lambda: [torch.randn(8)]), Guard())  # type: ignore[arg-type]
     return [e for e in context.events if e["event"] == "block"]
 
@@ -209,7 +217,8 @@ def test_the_runners_refills_and_copies_run_no_mode_of_the_candidates():
     assert not [op for op in operators.seen if "clone" in op or "copy" in op], operators.seen
 
 
-def test_the_runners_cpu_refills_and_copies_run_no_kernel_the_candidate_registers():
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_runners_refills_and_copies_run_no_kernel_the_candidate_registers(device: str):
     """torch's copy and clone run whatever kernel is registered for them, and no switch turns that off: red-team
     candidates computed answers in their own kernels for both (docs/evaluator.md)."""
     seen: list[str] = []
@@ -224,45 +233,53 @@ def test_the_runners_cpu_refills_and_copies_run_no_kernel_the_candidate_register
         with torch._C._AutoDispatchBelowAutograd():
             return torch.ops.aten.copy_.default(destination, source, non_blocking)
 
-    kept = torch.zeros(8)
+    kept = torch.zeros(8, device=device)
+    dispatch_key = "AutogradCUDA" if device == "cuda" else "AutogradCPU"
+    # A worker compiles (and tests) the device hash of the block's sketches before any candidate code runs.
+    output_digest.prepare(device)
     library = torch.library.Library("aten", "IMPL")
     try:
-        library.impl("clone", clone, "AutogradCPU")
-        library.impl("copy_", copy, "AutogradCPU")
-        torch.zeros(2).clone()
+        library.impl("clone", clone, dispatch_key)
+        library.impl("copy_", copy, dispatch_key)
+        torch.zeros(2, device=device).clone()
         assert seen == ["clone"]  # the kernel runs where the runner does not keep it out
         seen.clear()
-        reply = _block_replies(lambda x: torch.mul(x, 2, out=kept), 3, copy=True)[0]
+        reply = _block_replies(lambda x: torch.mul(x, 2, out=kept), 3, copy=True, device=device)[0]
     finally:
         library._destroy()
     assert seen == [] and reply["aliased"] is False
 
 
-def test_a_cpu_copy_keeps_the_values_and_layout_of_any_tensor():
-    base = torch.arange(60, dtype=torch.float64).reshape(3, 4, 5)
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_copy_keeps_the_values_and_layout_of_any_tensor(device: str):
+    base = torch.arange(60, dtype=torch.float64, device=device).reshape(3, 4, 5)
     tensors = [
         base,
         base.transpose(0, 2),
         base[:, 1:3, ::2],
         base[1],
-        torch.arange(4).expand(3, 4),
-        torch.tensor([True, False, True]),
-        torch.randn(3, 2, dtype=torch.complex64).t(),
-        torch.empty(0, 3),
+        torch.arange(4, device=device).expand(3, 4),
+        torch.tensor([True, False, True], device=device),
+        torch.randn(3, 2, dtype=torch.complex64, device=device).t(),
+        torch.empty(0, 3, device=device),
     ]
     for tensor in tensors:
         copy = runner._copy_of(tensor)
+        assert copy.device == tensor.device
         assert copy.shape == tensor.shape and copy.stride() == tensor.stride() and copy.dtype == tensor.dtype
         assert torch.equal(copy, tensor)
         assert tensor.numel() == 0 or copy.data_ptr() != tensor.data_ptr()
 
 
-def test_a_refill_moves_a_set_into_buffers_of_its_layout_and_no_other():
-    buffer = torch.zeros(4, 6).t()
-    value = torch.randn(4, 6).t()
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_refill_moves_a_set_into_buffers_of_its_layout_and_no_other(device: str):
+    buffer = torch.zeros(4, 6, device=device).t()
+    value = torch.randn(4, 6, device=device).t()
     assert runner._moved(buffer, value) and torch.equal(buffer, value)
-    assert not runner._moved(torch.zeros(6, 4), value)  # another layout
-    assert not runner._moved(torch.zeros(6, 4, dtype=torch.float64), value.contiguous())
+    assert not runner._moved(torch.zeros(6, 4, device=device), value)  # another layout
+    assert not runner._moved(torch.zeros(6, 4, dtype=torch.float64, device=device), value.contiguous())
+    if device != "cpu":
+        assert not runner._moved(torch.zeros(4, 6).t(), value)  # another device
     with pytest.raises(RuntimeError, match="lies in the buffer"):
         runner._moved(buffer, buffer)  # a refill onto itself would cost nothing
 
@@ -289,7 +306,7 @@ def test_a_cpu_copy_into_the_outputs_own_memory_is_refused(monkeypatch):  # noqa
     """A red-team candidate's kernel for torch.empty handed the copy the output's own memory: a memmove onto itself,
     free, where the reference's copy moved every byte."""
     output = torch.randn(64)
-    monkeypatch.setattr(runner, "_empty", lambda count, dtype: output.view(torch.uint8)[:count])
+    monkeypatch.setattr(runner, "_empty", lambda count, dtype, device: output.view(torch.uint8)[:count])
     with pytest.raises(RuntimeError, match="memory the output lies in"):
         runner._copy_of(output)
 

@@ -319,3 +319,28 @@ def test_a_reference_that_reuses_its_output_memory_has_every_call_checked_on_the
     result = evaluate(service, honest, reference_source=reference, timing_trials=40)
     assert result["status"] == "correct", f"{result['flags']} {result['message']}"
     assert result["speedup"] is not None and 0.8 < result["speedup"] < 1.25, result
+
+
+def test_no_code_of_the_candidates_runs_in_the_refills_or_copies_on_the_gpu(service: str) -> None:
+    """test_judge.py's watcher of the runner's steps, its kernels for torch's copy and clone registered for CUDA: the
+    refills and the outputs' copies move bytes by the CUDA driver, so none of its code runs there and its answers
+    stay right (through torch's copy its kernels ran there, and it answered wrongly)."""
+    from tests.evaluator.test_judge import ADD_REFERENCE, WATCHES_THE_RUNNERS_STEPS
+
+    candidate = WATCHES_THE_RUNNERS_STEPS.replace('"AutogradCPU"', '"AutogradCUDA"')
+    assert candidate.count("AutogradCUDA") == 2
+    result = evaluate(service, candidate, reference_source=ADD_REFERENCE, timing_trials=10)
+    assert result["status"] in ("correct", "rejected"), f"{result['status']} {result['message'][-800:]}"
+    assert not {"stale_output", "result_tampering"} & set(result["flags"]), f"{result['flags']} {result['message']}"
+
+
+def test_no_kernel_of_the_candidates_runs_in_the_outputs_copy_on_the_gpu(service: str) -> None:
+    """test_judge.py's candidate that leaves half of each answer to its own kernel for torch's clone, registered for
+    CUDA: the copy is the driver's, so that half stays undone in the buffer it copies (stale_output)."""
+    from tests.evaluator.test_judge import HALF_IN_THE_COPY, HOOKS_ON_THE_COPY, OUTER_REFERENCE
+
+    hook = HOOKS_ON_THE_COPY["registered_kernel"].replace('"AutogradCPU"', '"AutogradCUDA"')
+    candidate = HALF_IN_THE_COPY.replace("{hook}", hook)
+    assert "AutogradCUDA" in candidate
+    result = evaluate(service, candidate, reference_source=OUTER_REFERENCE, timing_trials=20)
+    assert result["status"] == "rejected", f"{result['status']} {result['flags']} {result['message'][-800:]}"
