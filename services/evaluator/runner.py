@@ -982,7 +982,14 @@ def _seed_host_generators(seed: int) -> None:
 def _as_laid_out(output: Any) -> Any:
     """The output with each tensor's values in one span of memory (dense in any order of its dimensions, no lazy
     conjugate or negation), copied only where they are not (rare: a copy would cost this side alone time on the
-    judge's clock): what the judge reads from memory (held_memory) is then what a save writes."""
+    judge's clock): what the judge reads from memory (held_memory) is then what a save writes. With torch's Python
+    hooks off: a red-team candidate returned a strided view of its inputs and its mode did the matmul in this copy,
+    after the block's calls (`implausible_timing` in both levels; the judge's clock was all that stood in its way).
+    A kernel the candidate registers for these operators still runs here: a limit (docs/evaluator.md)."""
+    return _without_candidate_hooks(lambda: _laid_out(output))
+
+
+def _laid_out(output: Any) -> Any:
     tensors = list(output) if isinstance(output, list | tuple) else [output]
     if all(held_memory.dense(t) and not t.is_conj() and not t.is_neg() for t in tensors):
         return output

@@ -217,6 +217,23 @@ def test_the_runners_refills_and_copies_run_no_mode_of_the_candidates():
     assert not [op for op in operators.seen if "clone" in op or "copy" in op], operators.seen
 
 
+def test_the_layout_of_a_non_dense_output_runs_no_mode_of_the_candidates():
+    """The runner lays a strided output out after the block's calls (runner._as_laid_out): a red-team candidate's
+    mode did its whole matmul there, outside the timed calls (docs/evaluator.md)."""
+
+    def every_other(x: torch.Tensor) -> torch.Tensor:
+        return torch.mul(x, 2)[::2]
+
+    functions, operators = _Recorder(), _DispatchRecorder()
+    with functions, operators:
+        reply = _block_replies(every_other, 3, copy=False)[0]
+    assert "mul" in functions.seen and "aten.mul.Tensor" in operators.seen  # the candidate's own calls
+    assert [[nbytes for _, nbytes in call] for call in reply["regions"]] == [[4 * 4]] * 3  # laid out, all the same
+    laid_out = {"contiguous", "resolve_conj", "resolve_neg", "clone"}
+    assert not laid_out & set(functions.seen), functions.seen
+    assert not [op for op in operators.seen if "clone" in op or "copy" in op], operators.seen
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_runners_refills_and_copies_run_no_kernel_the_candidate_registers(device: str):
     """torch's copy and clone run whatever kernel is registered for them, and no switch turns that off: red-team
