@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import hashlib
 import logging
 import math
@@ -143,10 +144,11 @@ class ReferenceData:
     # device memory is admitted from it (device_memory).
     device_peak_bytes: int = 0
 
-    @property
+    @functools.cached_property
     def max_output_leaves(self) -> int:
         """Most leaves a candidate's output may have, which its worker is told (compare.candidate_leaves allows
-        each trial as many as the reference's where those exceed MAX_LEAVES; this is their most over the trials)."""
+        each trial as many as the reference's where those exceed MAX_LEAVES; this is their most over the trials).
+        Walked once per reference, which every evaluation of it shares, not at each of its checks' saves."""
         return max([MAX_LEAVES, *(len(trusted_leaves(expected)) for expected in self.expected)])
 
     @property
