@@ -194,6 +194,11 @@ def parse_request(event: dict[str, Any], device: str, allow_split: bool = True) 
     # SYCL builds use a compiler no evaluator has, with flags the allow-list does not know.
     if arguments.get("with_sycl") or arguments.get("extra_sycl_cflags") or arguments.get("sycl_sources"):
         raise BuildRequestError("SYCL builds are not supported")
+    # torch writes its own precompiled header beside torch/extension.h, in the install every later build of every
+    # job includes it from: a red-team build asked for one, and only the install's owner (not the builder) kept it
+    # out. The evaluator precompiles torch's headers itself (pch.py).
+    if arguments.get("use_pch"):
+        raise BuildRequestError("use_pch is not supported: the evaluator precompiles torch's headers itself")
     try:
         for name in ("extra_cflags", "extra_cuda_cflags", "extra_ldflags"):
             flags = arguments.get(name) or []

@@ -117,3 +117,13 @@ def test_a_flag_that_runs_a_program_in_the_builder_is_refused(client: httpx.Clie
     assert candidate != sources.CPP_CORRECT
     result = evaluate_briefly(client, candidate, timeout_s=600)
     assert result["status"] == "compile_error" and "'-wrapper'" in result["message"], result["message"]
+
+
+def test_a_build_that_asks_for_torchs_own_precompiled_header_is_refused(any_client: httpx.Client) -> None:
+    """torch writes it beside torch/extension.h, where every later build of every job would pick it up, with the
+    requesting build's include paths and macros baked in; a red-team build asked for it, and only the install's
+    owner stopped the write. Refused before anything is built."""
+    candidate = sources.CPP_CORRECT.replace('functions=["scaled_relu"])', 'functions=["scaled_relu"], use_pch=True)')
+    assert candidate != sources.CPP_CORRECT
+    result = evaluate_briefly(any_client, candidate, timeout_s=600)
+    assert result["status"] == "compile_error" and "use_pch is not supported" in result["message"], result["message"]
