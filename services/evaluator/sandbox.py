@@ -235,6 +235,14 @@ def child_env(home: Path, build_jobs: int, threads: int, source: dict[str, str] 
             "MALLOC_ARENA_MAX": "2",
             "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES),
             "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD_BYTES),
+            # torch's CPU allocator asks for transparent huge pages (madvise) for blocks of 2 MiB and more, where
+            # the host allows it: with 4 KiB pages the same memory-bound step ran at its own speed in each process
+            # (a 48 MiB refill 10-22 ms a block, by process, for identical code on a 2-core machine), which the
+            # judge read as work moved out of the timed calls: the README's honest example was rejected in a CI
+            # run, its digest and the rest of its blocks 17-31 % slower than the timer's in every round. With
+            # huge pages the README example scored 1.13-1.25x with no flag in 8 of 8 runs (0.96-1.74x, 4 of 6
+            # charged for its draws, without).
+            "THP_MEM_ALLOC_ENABLE": "1",
             "PYTHONPATH": worker_python_path(source.get("PYTHONPATH", "")),
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONUNBUFFERED": "1",
