@@ -880,10 +880,23 @@ def ran_since_stop(stop: JobStop) -> str:
     _off_cpu(tid for tid, mark in stop.marks.items() if mark.state == b"D")  # its last tick is clocked as it leaves
     moved = [tid for tid, mark in stop.marks.items() if not _stayed_stopped(mark, marks.get(tid))]
     if moved:
-        # States at the stop and now, to tell what happened (`gone`: exited and released).
-        states = " ".join(f"{stop.marks[tid].state.decode()}>{_state(marks.get(tid))}" for tid in moved[:5])
-        return f"threads {moved[:5]} ran or exited ({states})"
+        changes = "; ".join(f"{tid} {_change(stop.marks[tid], marks.get(tid))}" for tid in moved[:5])
+        return f"threads {moved[:5]} ran or exited ({changes})"
     return ""
+
+
+def _change(at_stop: ThreadMark, now: ThreadMark | None) -> str:
+    """A thread's state at the stop and now (`gone`: exited and released), and each other part of its mark that
+    changed, to tell what happened: an honest candidate was once flagged with a thread stopped at both reads
+    (T>T) and which part had moved was not recorded."""
+    parts = [f"{at_stop.state.decode()}>{_state(now)}"]
+    if now is not None:
+        parts += [
+            f"{name} {before}>{after}"
+            for name, before, after in zip(ThreadMark._fields[1:], at_stop[1:], now[1:], strict=True)
+            if before != after
+        ]
+    return " ".join(parts)
 
 
 def _state(mark: ThreadMark | None) -> str:

@@ -211,7 +211,9 @@ def test_a_thread_waiting_in_the_kernel_at_a_stop_may_only_stop_after() -> None:
         assert ran_since_stop(stopped) == ""
         os.kill(job.pid, signal.SIGCONT)
         time.sleep(0.1)
-        assert "ran" in ran_since_stop(stopped)
+        ran = ran_since_stop(stopped)
+        # The message says which part of the thread's mark moved, beside its states at the stop and now.
+        assert "ran" in ran and f"{tid} T>" in ran and "switches (" in ran, ran
     finally:
         job.kill()
         job.wait()
