@@ -54,7 +54,7 @@ def test_outputs_within_tolerance_always_pass(shape: tuple[int, ...]) -> None:
 MEMORY_SETTINGS = ("MALLOC_", "THP_MEM_ALLOC_ENABLE")
 
 
-def _run_with_workers_malloc(code: str, tmp_path: Path, settings: bool = True) -> Any:
+def _run_with_workers_memory_settings(code: str, tmp_path: Path, settings: bool = True) -> Any:
     """`code`'s JSON output, run in a fresh process with a worker's memory settings (sandbox.child_env: glibc's
     malloc, torch's huge pages), or with none of them."""
     env = {name: value for name, value in os.environ.items() if not name.startswith(MEMORY_SETTINGS)}
@@ -88,7 +88,7 @@ def test_a_workers_malloc_keeps_freed_blocks_in_its_heap(tmp_path: Path) -> None
     """By glibc's defaults a 4 MiB block is mapped on its own and unmapped when freed (and later the heap's top is
     given back whenever more than twice the last such block lies free there), so its pages are faulted in afresh
     at its next use; with a worker's settings it comes from the heap and stays there, resident."""
-    block = _run_with_workers_malloc(_FOUR_MIB_BLOCK, tmp_path)
+    block = _run_with_workers_memory_settings(_FOUR_MIB_BLOCK, tmp_path)
     assert block["mapped"] == 0
     assert block["kept"] >= 4 << 20
 
@@ -115,7 +115,7 @@ def test_a_workers_digest_stops_faulting_in_fresh_memory(tmp_path: Path) -> None
     every digest and faulted in again in the next (944 faults, 5.3 ms a block against 3.0 ms for the same digest in
     a worker whose heap had room for them lower down); which worker that was, its heap's history decided, and an
     honest C++ candidate whose worker it was was rejected for work moved into the digest."""
-    faults = _run_with_workers_malloc(_FAULTS_PER_DIGEST, tmp_path)
+    faults = _run_with_workers_memory_settings(_FAULTS_PER_DIGEST, tmp_path)
     # Without the settings, 8 runs of 8 here faulted in more of the last 30 (some in every one, about 948 times).
     # A few faults are the interpreter's own (a CI run counted 3 in one of the first digests), not the temporaries'.
     assert sum(1 for count in faults[10:] if count > 100) <= 2, faults
@@ -151,8 +151,8 @@ def test_a_workers_large_tensors_are_advised_for_huge_pages(tmp_path: Path) -> N
     """A worker's large tensors ask for transparent huge pages, so that a memory-bound step runs at one speed in
     every process; with 4 KiB pages its speed depended on the process (a refill of identical code took 10-22 ms a
     block by process), and the judge took an honest candidate's slower process for work moved out of its calls."""
-    assert not _run_with_workers_malloc(_HUGE_PAGES_OF_A_TENSOR, tmp_path, settings=False)["advised"]
-    assert _run_with_workers_malloc(_HUGE_PAGES_OF_A_TENSOR, tmp_path)["advised"]
+    assert not _run_with_workers_memory_settings(_HUGE_PAGES_OF_A_TENSOR, tmp_path, settings=False)["advised"]
+    assert _run_with_workers_memory_settings(_HUGE_PAGES_OF_A_TENSOR, tmp_path)["advised"]
 
 
 def test_non_contiguous_outputs_have_the_same_digest() -> None:

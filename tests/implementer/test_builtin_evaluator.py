@@ -109,8 +109,9 @@ def verdicts(
             result = evaluate(evaluator, case.problem, reply.source or "")
         if result.status.value == "rejected" and result.flags == ["implausible_timing"]:
             # Evaluated once more where the judge took an honest rewrite's slower process for work moved out of its
-            # calls (scale_shift_clamp's fused rewrite in one CI run, its digest 28 % slower than the timer's; none
-            # in 30 evaluations here with huge pages and 30 without): a rewrite the judge is biased against fails twice in a row.
+            # calls (scale_shift_clamp's fused rewrite in one full test run, its digest 28 % slower than the
+            # timer's; none in 30 evaluations here with huge pages and 30 without): a rewrite the judge is biased
+            # against fails twice in a row.
             first = f"first: {result.flags} {result.message[-300:]}"
             result = evaluate(evaluator, case.problem, reply.source or "")
             result = result.model_copy(update={"message": f"{result.message}; {first}"})
