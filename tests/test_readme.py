@@ -75,17 +75,20 @@ def test_readme_serve_lines_match_the_examples_ports():
 def test_evaluate_example_against_the_evaluator_it_starts():
     (body,) = [body for _, path, body in readme_requests() if path == "/evaluate"]
     with served_as_in_readme("evaluator") as url:
-        reply = httpx.post(f"{url}/evaluate", json=body, timeout=600)
-        assert reply.status_code == 200, reply.text
-        result = reply.json()
+
+        def evaluated() -> dict:
+            reply = httpx.post(f"{url}/evaluate", json=body, timeout=600)
+            assert reply.status_code == 200, reply.text
+            return reply.json()
+
+        result = evaluated()
         if result["status"] == "rejected" and result["flags"] == ["implausible_timing"]:
             # Evaluated once more where the judge took the honest example's slower process for work moved out of
             # its calls (one CI run; none in 8 runs here since workers have huge pages, docs/evaluator.md "Not
             # covered"); a candidate the judge is biased against fails twice in a row, a chance verdict seldom.
             first = f"{result['flags']} {result['message'][-300:]}"
-            reply = httpx.post(f"{url}/evaluate", json=body, timeout=600)
-            assert reply.status_code == 200, reply.text
-            result = {**reply.json(), "message": f"{reply.json()['message']}; first: {first}"}
+            result = evaluated()
+            result["message"] += f"; first: {first}"
     # What the README says the example returns: a correct candidate, timed over at least the calls it asks for.
     assert result["status"] == "correct", f"{result['status']} {result['flags']} {result['message'][-1500:]}"
     timed = result["candidate_ms"]
