@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import importlib.util
+import os
 import re
 import threading
 import time
@@ -242,10 +243,14 @@ def test_an_output_forged_within_the_tolerance_is_caught_on_the_gpu(service: str
     assert "not the one its timed call produced" in result["message"], result["message"]
 
 
+# The service keys its GPUs by the ids it hands out: its own CUDA_VISIBLE_DEVICES's (host ids), else torch's.
+SERVED_GPU = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip()
+
+
 def test_the_service_knows_how_much_of_the_gpu_evaluations_may_reserve(service: str) -> None:
     # Known once the service has taken a worker on the GPU (it reads the GPU's size from the worker's start).
     assert evaluate(service, HONEST_CUDA)["status"] == "correct"
-    memory = httpx.get(f"{service}/health").json()["details"]["device_memory_mb"]["0"]
+    memory = httpx.get(f"{service}/health").json()["details"]["device_memory_mb"][SERVED_GPU]
     total_mb = torch.cuda.get_device_properties(0).total_memory / (1 << 20)
     # The GPU's memory less a context for each of the 4 idle workers and 2 builders.
     assert abs(memory["capacity"] - (total_mb - 6 * 1024)) <= 1, memory
@@ -272,7 +277,7 @@ def test_evaluations_that_do_not_fit_together_wait_for_each_other(admitted_servi
 
     def watch() -> None:
         while not done.is_set():
-            seen.append(httpx.get(f"{admitted_service}/health").json()["details"]["device_memory_mb"]["0"])
+            seen.append(httpx.get(f"{admitted_service}/health").json()["details"]["device_memory_mb"][SERVED_GPU])
             time.sleep(0.05)
 
     watcher = threading.Thread(target=watch)
