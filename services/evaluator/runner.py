@@ -546,18 +546,25 @@ class InputSets:
             trial_inputs(backend, self.get_inputs, int(command["trial_seed"]), command.get("signed") is True)
         )
 
-    def refill(self, values: list[Any]) -> list[Any]:
+    def refill(self, values: list[Any], within_block: bool = False) -> list[Any]:
+        """The buffers, holding `values` now. `within_block`: a block's second set or later, which must have the
+        last set's shapes, dtypes and devices."""
         self.context.pin_threads()
-        self.buffers = _without_candidate_hooks(lambda: self._copied_in(values))
+        self.buffers = _without_candidate_hooks(lambda: self._copied_in(values, within_block))
         self.context.backend.synchronize()
         return self.buffers
 
-    def _copied_in(self, values: list[Any]) -> list[Any]:
+    def _copied_in(self, values: list[Any], within_block: bool) -> list[Any]:
         # Every drawn tensor is copied, as a plain tensor, into memory of the runner's; none is handed to a call as
         # drawn. A red-team candidate's torch function mode made its draws subclasses, which the refill adopted as
         # they were: each call then ran on memory no later refill wrote, computed a fifth of its answer, and left
         # the rest to its own code run after the block's calls (correct at 2.0-2.2x against an add of two vectors).
         values = [_as_plain(value) if isinstance(value, _Tensor) else value for value in values]
+        if within_block and self.buffers is not None and _kinds(values) != _kinds(self.buffers):
+            # A set of another kind gets memory of its own, which no later refill writes over: the call's inputs
+            # would outlive the block's next call, and work deferred past the calls could read them. Only the
+            # candidate's own code, in its draw, changes kinds within a block (the reference's draws one kind).
+            raise RuntimeError("a drawn input has another shape, dtype or device than the block's last set's")
         if self.buffers is None:
             return [_copy_of(value) if isinstance(value, _Tensor) else value for value in values]
         buffers = self.buffers
@@ -569,7 +576,7 @@ class InputSets:
                 if isinstance(buffer, _Tensor) and _same_kind(buffer, value):
                     # Only a draw the candidate's own code reshaped lays one input out otherwise from set to set.
                     raise RuntimeError("a drawn input is laid out otherwise than the last set's")
-                buffers[index] = _copy_of(value)  # another shape, dtype or device than the last set's
+                buffers[index] = _copy_of(value)  # a block's first set, of another kind than the last block's
             else:
                 buffers[index] = value
         return buffers
@@ -699,8 +706,8 @@ def _time_drawn(
 
     times, outputs = [], []
     call = copied_call if copy else model
-    for values in inputs.drawn:
-        milliseconds, out = backend.time_call(call, inputs.refill(values))
+    for index, values in enumerate(inputs.drawn):
+        milliseconds, out = backend.time_call(call, inputs.refill(values, within_block=index > 0))
         times.append(milliseconds)
         outputs.append(out)
     inputs.drawn = []
@@ -789,6 +796,11 @@ def _moved(destination: Any, source: Any) -> bool:
             raise RuntimeError("a drawn input lies in the buffer it is refilled into")  # a refill onto itself, free
         _move_bytes(destination, start, end - start)
     return True
+
+
+def _kinds(values: list[Any]) -> list[tuple[Any, ...] | None]:
+    """Each value's device, dtype and shape where it is a tensor (None where not): what a block's sets share."""
+    return [(v.device, v.dtype, v.shape) if isinstance(v, _Tensor) else None for v in values]
 
 
 def _same_kind(one: torch.Tensor, other: torch.Tensor) -> bool:

@@ -315,8 +315,27 @@ def test_a_refill_hands_the_call_plain_copies_never_the_drawn_tensors_themselves
     # The same shape laid out otherwise: only a draw the candidate's code reshaped does that.
     with pytest.raises(RuntimeError, match="laid out otherwise"):
         sets.refill([torch.randn(6, 4).t()])
-    (given,) = sets.refill([torch.randn(2, 3)])  # another shape: copied into memory of its own
+    (given,) = sets.refill([torch.randn(2, 3)])  # another shape, a block's first set: copied into memory of its own
     assert given.shape == (2, 3)
+
+
+def test_a_block_refuses_a_set_of_another_kind_than_its_last():
+    """Within a block every set is refilled into the same buffers, so no call's inputs outlive the next call: a set
+    of another shape, dtype or device (or a tensor where there was none) would get memory of its own."""
+    context = types.SimpleNamespace(backend=get_backend("cpu"), pin_threads=lambda: None)
+    sets = InputSets(context, lambda: [torch.randn(4, 6)])
+    first = sets.refill([torch.randn(4, 6), 3])
+    for changed in (
+        [torch.randn(1, 4, 6), 3],
+        [torch.randn(4, 6, dtype=torch.float64), 3],
+        [torch.randn(4, 6), torch.randn(3)],
+    ):
+        with pytest.raises(RuntimeError, match="another shape, dtype or device than the block's last set's"):
+            sets.refill(changed, within_block=True)
+    again = sets.refill([torch.randn(4, 6), 5], within_block=True)  # the same kinds; other numbers are not memory
+    assert again[0].data_ptr() == first[0].data_ptr() and again[1] == 5
+    (next_block,) = sets.refill([torch.randn(1, 4, 6)])[:1]  # a block's first set may change kind
+    assert next_block.shape == (1, 4, 6)
 
 
 def test_a_cpu_copy_into_the_outputs_own_memory_is_refused(monkeypatch):  # noqa: ANN001

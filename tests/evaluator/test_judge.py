@@ -1008,6 +1008,62 @@ def test_inputs_drawn_as_a_subclass_are_refilled_like_any_other(any_client: http
     assert_still_correct(any_client)
 
 
+# Against ADD_REFERENCE: a torch function mode, pushed at import, gives every other tensor drawn for a timed block an
+# extra dimension of size 1, so that each set is of another shape than the last and was copied into memory of its own,
+# which no later refill wrote over (a call's inputs then outlived the block's next call, for work deferred past the
+# calls to read). Its calls themselves add honestly: only the change of shape within a block is refused.
+ALTERNATES_SHAPES_WITHIN_A_BLOCK = """
+import sys
+import torch
+from torch.overrides import TorchFunctionMode
+
+
+def _called_from(names):
+    frame = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            return False
+        if frame.f_code.co_name in names:
+            return True
+        frame = frame.f_back
+    return False
+
+
+_DRAWN = [0]
+
+
+class _Mode(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.randn and _called_from(("draw_all",)):
+            _DRAWN[0] += 1
+            if _DRAWN[0] % 4 >= 2:  # two tensors a set: every other set
+                return out.unsqueeze(0)
+        return out
+
+
+_Mode().__enter__()
+
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+
+    def forward(self, x, y):
+        return x.reshape(-1) + y.reshape(-1)
+"""
+
+
+def test_a_set_of_another_shape_within_a_block_is_refused(any_client: httpx.Client) -> None:
+    """Before, with every other set in memory of its own, it was `correct` (process) and `rejected` (strict), one run
+    each; a red-team candidate that deferred work to after the calls this way got `implausible_timing`, or `correct`
+    at 0.4-1.2x."""
+    result = evaluate(any_client, ALTERNATES_SHAPES_WITHIN_A_BLOCK, ADD_REFERENCE, timing_trials=20)
+    assert result["status"] == "runtime_error", result
+    assert "another shape, dtype or device than the block's last set's" in result["message"], result["message"]
+    assert_still_correct(any_client)
+
+
 @pytest.mark.parametrize(
     "candidate", [LAST_CALL_ONLY, LAZY_COPY, MODE_IN_THE_COPY], ids=["last_call_only", "lazy_copy", "mode_in_the_copy"]
 )
