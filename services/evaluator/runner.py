@@ -560,6 +560,10 @@ class InputSets:
         # they were: each call then ran on memory no later refill wrote, computed a fifth of its answer, and left
         # the rest to its own code run after the block's calls (correct at 2.0-2.2x against an add of two vectors).
         values = [_as_plain(value) if isinstance(value, _Tensor) else value for value in values]
+        if any(not isinstance(value, _Tensor) and type(value) not in _NUMBERS for value in values):
+            # Handed to the call as drawn, such an object would hold memory no refill writes over: a red-team
+            # candidate's mode wrapped its draws in objects of its own, to defer work past the calls.
+            raise RuntimeError("a drawn input is neither a tensor nor a number (a problem's get_inputs returns those)")
         if within_block and self.buffers is not None and _kinds(values) != _kinds(self.buffers):
             # A set of another kind gets memory of its own, which no later refill writes over: the call's inputs
             # would outlive the block's next call, and work deferred past the calls could read them. Only the
@@ -796,6 +800,10 @@ def _moved(destination: Any, source: Any) -> bool:
             raise RuntimeError("a drawn input lies in the buffer it is refilled into")  # a refill onto itself, free
         _move_bytes(destination, start, end - start)
     return True
+
+
+# The values other than tensors a draw may hold, by exact type: immutable, so nothing can be deferred through them.
+_NUMBERS = (int, float, bool, complex, type(None))
 
 
 def _kinds(values: list[Any]) -> list[tuple[Any, ...] | None]:

@@ -338,6 +338,20 @@ def test_a_block_refuses_a_set_of_another_kind_than_its_last():
     assert next_block.shape == (1, 4, 6)
 
 
+class _Count(int):
+    """An int of the candidate's: its methods are code of its own."""
+
+
+def test_a_refill_takes_tensors_and_numbers_only():
+    """Anything else would reach the call as drawn, holding memory no refill writes over."""
+    context = types.SimpleNamespace(backend=get_backend("cpu"), pin_threads=lambda: None)
+    sets = InputSets(context, lambda: [torch.randn(4)])
+    assert sets.refill([torch.randn(4), 2, 0.5, True, None, 1j])[1:] == [2, 0.5, True, None, 1j]
+    for drawn in ([torch.randn(4), [torch.randn(4)]], [torch.randn(4), _Count(2)], [object()]):
+        with pytest.raises(RuntimeError, match="neither a tensor nor a number"):
+            sets.refill(drawn)
+
+
 def test_a_cpu_copy_into_the_outputs_own_memory_is_refused(monkeypatch):  # noqa: ANN001
     """A red-team candidate's kernel for torch.empty handed the copy the output's own memory: a memmove onto itself,
     free, where the reference's copy moved every byte."""

@@ -1054,6 +1054,73 @@ class ModelNew(torch.nn.Module):
 """
 
 
+# Against ADD_REFERENCE: a torch function mode, pushed at import, wraps every tensor drawn for a timed block in an
+# object of its own, which is neither a tensor nor a number: the refill handed such values to the call as drawn, so
+# each call's inputs lay in memory no later refill wrote over. A timed call adds a fifth of the elements and returns
+# a stride-0 view; the rest is added when the runner next reaches the mode (the digest's first torch call).
+HANDS_OVER_ITS_OWN_OBJECTS = """
+import sys
+import torch
+from torch.overrides import TorchFunctionMode
+
+
+def _called_from(names):
+    frame = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            return False
+        if frame.f_code.co_name in names:
+            return True
+        frame = frame.f_back
+    return False
+
+
+class _Held:
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+
+_DEFERRED = []
+
+
+class _Mode(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        while _DEFERRED and not _called_from(("forward",)):
+            out, x, y, done = _DEFERRED.pop()
+            torch.add(x[done:], y[done:], out=out[done:])
+        out = func(*args, **(kwargs or {}))
+        if func is torch.randn and _called_from(("draw_all",)):
+            return _Held(out)
+        return out
+
+
+_Mode().__enter__()
+
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+
+    def forward(self, x, y):
+        if not isinstance(x, _Held):
+            return x + y
+        x, y = x.tensor, y.tensor
+        done = x.shape[0] // 5
+        out = torch.empty(x.shape[0])
+        torch.add(x[:done], y[:done], out=out[:done])
+        _DEFERRED.append((out, x, y, done))
+        return out
+"""
+
+
+def test_a_drawn_input_that_is_neither_a_tensor_nor_a_number_is_refused(any_client: httpx.Client) -> None:
+    """`correct` (at 1.0x) in both levels before, one run each."""
+    result = evaluate(any_client, HANDS_OVER_ITS_OWN_OBJECTS, ADD_REFERENCE, timing_trials=20)
+    assert result["status"] == "runtime_error", result
+    assert "neither a tensor nor a number" in result["message"], result["message"]
+    assert_still_correct(any_client)
+
+
 def test_a_set_of_another_shape_within_a_block_is_refused(any_client: httpx.Client) -> None:
     """Before, with every other set in memory of its own, it was `correct` (process) and `rejected` (strict), one run
     each; a red-team candidate that deferred work to after the calls this way got `implausible_timing`, or `correct`
