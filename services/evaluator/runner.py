@@ -40,6 +40,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import IO, Any
 
+import numpy
 import torch
 import torch.utils.cpp_extension  # noqa: F401 - imported before candidate code, so build_cache can wrap it
 
@@ -71,6 +72,11 @@ _PYTHON_KEYS = (torch._C.DispatchKey.Python, torch._C.DispatchKey.PythonTLSSnaps
 # kernel is registered for them, and a candidate can register its own (torch.library, or C++). On a CPU a memmove; on
 # a GPU the CUDA driver's copy, in the order of torch's current stream.
 _memmove = ctypes.memmove
+# The CPU layout copy (_dense_copy_of) gathers bytes with numpy, which no kernel of the candidate's reaches.
+_as_strided_array = numpy.lib.stride_tricks.as_strided
+_copy_array = numpy.copyto
+_array_over = numpy.frombuffer
+_uint8 = numpy.uint8
 _current_stream = torch.cuda.current_stream
 
 
@@ -755,32 +761,38 @@ def _copy_of(tensor: torch.Tensor) -> torch.Tensor:
     (_move_bytes): a red-team candidate registered its own kernel for torch's clone (torch.library), which no switch
     turns off, and computed its answer there, into the copy, while its call only returned a kept buffer: one pass
     over the output where the reference's timed calls made two (its answer, then the copy), correct at 1.6-1.8x. The
-    tensors torch makes around the copy are checked to be the memory it wrote."""
+    tensors torch makes around the copy are checked to be the memory it wrote (_block, _viewed)."""
     spans = _span(tensor)
     start, end = spans[0] if spans else (0, 0)
-    block = _empty(end - start, dtype=_bytes_dtype, device=tensor.device)
-    if (
-        type(block) is not _Tensor
-        or block.numel() != end - start
-        or block.element_size() != 1
-        or block.device != tensor.device
-    ):
-        raise RuntimeError("torch.empty returned other than the memory asked for")
+    block = _block(end - start, tensor.device)
     if spans:
         if _overlap(block.data_ptr(), start, end - start):
             # A red-team candidate's own kernel for torch.empty returned the output's memory: a copy onto itself, free.
             raise RuntimeError("torch.empty returned memory the output lies in")
         _move_bytes(block, start, end - start)
-    copy = block.view(tensor.dtype).as_strided(tensor.shape, tensor.stride())
+    return _viewed(block, tensor, tensor.stride())
+
+
+def _block(count: int, device: torch.device) -> torch.Tensor:
+    """`count` fresh bytes on the device, checked to be what torch.empty was asked for."""
+    block = _empty(count, dtype=_bytes_dtype, device=device)
+    if type(block) is not _Tensor or block.numel() != count or block.element_size() != 1 or block.device != device:
+        raise RuntimeError("torch.empty returned other than the memory asked for")
+    return block
+
+
+def _viewed(block: torch.Tensor, like: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
+    """The block's bytes as a tensor of `like`'s dtype and shape with these strides, checked to be them."""
+    view = block.view(like.dtype).as_strided(like.shape, stride)
     if (
-        type(copy) is not _Tensor
-        or copy.data_ptr() != block.data_ptr()
-        or copy.dtype != tensor.dtype
-        or copy.shape != tensor.shape
-        or copy.stride() != tensor.stride()
+        type(view) is not _Tensor
+        or view.data_ptr() != block.data_ptr()
+        or view.dtype != like.dtype
+        or view.shape != like.shape
+        or view.stride() != stride
     ):
         raise RuntimeError("a view of the copied bytes is not them")
-    return copy
+    return view
 
 
 def _moved(destination: Any, source: Any) -> bool:
@@ -1005,7 +1017,8 @@ def _as_laid_out(output: Any) -> Any:
     judge's clock): what the judge reads from memory (held_memory) is then what a save writes. With torch's Python
     hooks off: a red-team candidate returned a strided view of its inputs and its mode did the matmul in this copy,
     after the block's calls (`implausible_timing` in both levels; the judge's clock was all that stood in its way).
-    A kernel the candidate registers for these operators still runs here: a limit (docs/evaluator.md)."""
+    Strided values are gathered by numpy (_dense_copy_of), which no kernel the candidate registers reaches; a lazy
+    conjugate or negation is resolved by torch, where one still runs: a limit (docs/evaluator.md)."""
     return _without_candidate_hooks(lambda: _laid_out(output))
 
 
@@ -1013,8 +1026,41 @@ def _laid_out(output: Any) -> Any:
     tensors = list(output) if isinstance(output, list | tuple) else [output]
     if all(held_memory.dense(t) and not t.is_conj() and not t.is_neg() for t in tensors):
         return output
-    laid_out = [t.resolve_conj().resolve_neg().contiguous() for t in tensors]
+    laid_out = [_laid_out_tensor(t) for t in tensors]
     return laid_out if isinstance(output, list | tuple) else laid_out[0]
+
+
+def _laid_out_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.is_conj() or tensor.is_neg():
+        # Through torch: a kernel the candidate registers for these runs here, for outputs it gave such a bit.
+        return tensor.resolve_conj().resolve_neg().contiguous()
+    return tensor if held_memory.dense(tensor) else _dense_copy_of(tensor)
+
+
+def _dense_copy_of(tensor: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor's values, in row-major order, in memory of their own, gathered from its bytes by numpy: torch's
+    `.contiguous()` runs any kernel the candidate registered for it (torch.library), after the block's calls."""
+    size = tensor.element_size()
+    block = _block(tensor.numel() * size, tensor.device)
+    spans = _span(tensor)
+    if spans:
+        start, end = spans[0]
+        if _overlap(block.data_ptr(), start, end - start):
+            raise RuntimeError("torch.empty returned memory the output lies in")
+        byte_strides = (*(stride * size for stride in tensor.stride()), 1)
+        source = _as_strided_array(_bytes_at(start, end - start), (*tensor.shape, size), byte_strides, writeable=False)
+        _copy_array(_bytes_at(block.data_ptr(), block.numel()).reshape((*tensor.shape, size)), source)
+    strides: list[int] = []
+    step = 1
+    for length in reversed(tensor.shape):
+        strides.insert(0, step)
+        step *= length
+    return _viewed(block, tensor, tuple(strides))
+
+
+def _bytes_at(address: int, count: int) -> numpy.ndarray:
+    """`count` bytes of this process's memory at `address`, as a numpy array over them (no copy)."""
+    return _array_over(memoryview((ctypes.c_uint8 * count).from_address(address)), dtype=_uint8)
 
 
 def _regions(output: Any) -> list[list[int]]:

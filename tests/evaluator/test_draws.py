@@ -234,6 +234,49 @@ def test_the_layout_of_a_non_dense_output_runs_no_mode_of_the_candidates():
     assert not [op for op in operators.seen if "clone" in op or "copy" in op], operators.seen
 
 
+@pytest.mark.parametrize(
+    "strided",
+    [
+        torch.randn(8, 6)[:, :4],
+        torch.randn(4, 6).t()[::2],
+        torch.randn(5).expand(3, 5),
+        torch.arange(24, dtype=torch.int16).reshape(2, 3, 4)[:, 1:, ::3],
+        torch.randn(6, 4, dtype=torch.bfloat16)[::2],
+        torch.randn(3, 3, dtype=torch.complex64)[:, ::2],
+        torch.randn(4, 4).as_strided((3, 3), (1, 2)),
+        torch.randn(0, 3)[:, :2],
+    ],
+    ids=["slice", "transposed_slice", "expanded", "int16", "bfloat16", "complex", "overlapping", "empty"],
+)
+def test_a_non_dense_output_is_laid_out_with_its_values(strided: torch.Tensor):
+    laid_out = runner._as_laid_out(strided)
+    assert laid_out.is_contiguous() and laid_out.dtype == strided.dtype and torch.equal(laid_out, strided)
+    assert strided.numel() == 0 or laid_out.data_ptr() != strided.data_ptr()
+
+
+def test_the_layout_of_a_non_dense_output_runs_no_kernel_the_candidate_registers():
+    """On a CPU a strided output is gathered by numpy (runner._dense_copy_of), not by torch's `.contiguous()`,
+    whose clone runs whatever kernel is registered for it, after the block's calls."""
+    seen: list[str] = []
+
+    def clone(tensor: torch.Tensor, memory_format: Any = None) -> torch.Tensor:
+        seen.append("clone")
+        with torch._C._AutoDispatchBelowAutograd():
+            return torch.ops.aten.clone.default(tensor, memory_format=memory_format)
+
+    library = torch.library.Library("aten", "IMPL")
+    try:
+        library.impl("clone", clone, "AutogradCPU")
+        torch.zeros(4, 2)[:, :1].contiguous()
+        assert seen == ["clone"]  # the kernel runs where the runner does not keep it out
+        seen.clear()
+        reply = _block_replies(lambda x: torch.mul(x, 2)[::2], 3, copy=False)[0]
+    finally:
+        library._destroy()
+    assert seen == []
+    assert [[nbytes for _, nbytes in call] for call in reply["regions"]] == [[4 * 4]] * 3  # laid out, all the same
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_runners_refills_and_copies_run_no_kernel_the_candidate_registers(device: str):
     """torch's copy and clone run whatever kernel is registered for them, and no switch turns that off: red-team
