@@ -151,6 +151,17 @@ class ReferenceData:
         Walked once per reference, which every evaluation of it shares, not at each of its checks' saves."""
         return max([MAX_LEAVES, *(len(trusted_leaves(expected)) for expected in self.expected)])
 
+    @functools.cached_property
+    def input_kinds(self) -> list[list[Any]]:
+        """The kinds of the trials' input sets, each once: per value, a tensor's dtype and shape, None for a number.
+        Every set the candidate's worker draws for a timed call must be one of them (runner.InputSets)."""
+        kinds: list[list[Any]] = []
+        for values in self.inputs:
+            kind = [[str(v.dtype), list(v.shape)] if isinstance(v, torch.Tensor) else None for v in values]
+            if kind not in kinds:
+                kinds.append(kind)
+        return kinds
+
     @property
     def size(self) -> int:
         """Bytes held in memory (inputs twice: serialised and loaded; meta tensors hold none)."""
@@ -544,7 +555,7 @@ class Judge:
             await candidate.send(
                 {"role": "candidate", "candidate_source": self.request.candidate_source, "seed": self.seed,
                  "trials": self.trials, "reference_source": self.request.reference_source,
-                 "max_leaves": self.reference.max_output_leaves}
+                 "max_leaves": self.reference.max_output_leaves, "input_kinds": self.reference.input_kinds}
             )  # fmt: skip
             if self.gpu is not None:
                 await self._launch_timer()

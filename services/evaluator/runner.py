@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import importlib.util
 import io
@@ -376,7 +377,7 @@ def run_candidate(context: WorkerContext, job: dict[str, Any]) -> None:
         return
     loader.closed = True
     context.emit("outputs_written", replaced=_replaced(guard))
-    serve_timing(context, model, InputSets(context, get_inputs), guard)
+    serve_timing(context, model, InputSets(context, get_inputs, kinds=job["input_kinds"]), guard)
 
 
 def _run_handed_over(context: WorkerContext, model: Any, job: dict[str, Any]) -> bool:
@@ -522,9 +523,14 @@ class InputSets:
     refilled with the call's values: the candidate always sees the same tensor objects and data pointers holding
     different data, so an answer cached per buffer is stale."""
 
-    def __init__(self, context: WorkerContext, get_inputs: Callable[[], Any]) -> None:
+    def __init__(
+        self, context: WorkerContext, get_inputs: Callable[[], Any], kinds: list[list[Any]] | None = None
+    ) -> None:
         self.context = context
         self.get_inputs = get_inputs
+        # The candidate's worker: the kinds of the reference's input sets (evaluation.ReferenceData.input_kinds),
+        # which every set refilled for a call must be one of.
+        self.kinds = kinds
         self.drawn: list[list[Any]] = []
         self.buffers: list[Any] | None = None
 
@@ -570,6 +576,14 @@ class InputSets:
             # Handed to the call as drawn, such an object would hold memory no refill writes over: a red-team
             # candidate's mode wrapped its draws in objects of its own, to defer work past the calls.
             raise RuntimeError("a drawn input is neither a tensor nor a number (a problem's get_inputs returns those)")
+        if self.kinds is not None and (
+            _described(values) not in self.kinds
+            or any(v.device.type != self.context.backend.name for v in values if isinstance(v, _Tensor))
+        ):
+            # A red-team candidate's mode kept each drawn tensor and handed the draw one element of it: its refills
+            # then cost it nothing, where the reference's timer moved every byte, and the time that saved hid four
+            # fifths of each answer done after its calls (correct at 1.9-2.0x, no flag, in 2 of 8 runs).
+            raise RuntimeError("a drawn set has other shapes, dtypes or devices than the reference's inputs")
         if within_block and self.buffers is not None and _kinds(values) != _kinds(self.buffers):
             # A set of another kind gets memory of its own, which no later refill writes over: the call's inputs
             # would outlive the block's next call, and work deferred past the calls could read them. Only the
@@ -646,15 +660,11 @@ def serve_timing(
                         times, outputs = _time_one_set(backend, model, inputs, command, outputs_like)
                     else:
                         times, outputs = _time_drawn(backend, model, inputs, copy=command.get("copy") is True)
-                    aliased = _reused_by_later_calls(outputs, inputs.buffers)
-                    # On a CPU the judge reads the checked output from this process's memory itself (held_memory):
-                    # the sketch, which costs both sides' blocks time on the clock, is needed only on a GPU.
-                    sketches, regions = None, None
-                    if backend.name == "cpu":
-                        outputs = [_as_laid_out(output_digest.plain(out)) for out in outputs]
-                        regions = [_regions(out) for out in outputs]
-                    else:
-                        sketches = output_digest.block_sketches(outputs)
+                    # The runner's own steps after the calls, with torch's Python hooks off: a red-team candidate's
+                    # mode did the work it had deferred past its calls in the first of them to touch a tensor.
+                    aliased, outputs, sketches, regions = _without_candidate_hooks(
+                        functools.partial(_after_the_calls, backend, outputs, inputs.buffers)
+                    )
             except BaseException:
                 context.emit("error", stage="timing", message=traceback.format_exc())
                 return
@@ -696,7 +706,21 @@ def serve_timing(
             context.emit("done", replaced=_replaced(guard))
             return
         if outputs:
-            outputs_like = _output_tensors(outputs)
+            outputs_like = _without_candidate_hooks(functools.partial(_output_tensors, outputs))
+
+
+def _after_the_calls(
+    backend: KernelBackend, outputs: list[Any], buffers: list[Any] | None
+) -> tuple[bool, list[Any], list[str] | None, list[list[list[int]]] | None]:
+    """Whether the block's outputs share memory a later call writes (_reused_by_later_calls), the outputs, and on a
+    GPU their sketches, on a CPU where they lie. On a CPU the judge reads the checked output from this process's
+    memory itself (held_memory): the sketch, which costs both sides' blocks time on the clock, is needed only on a
+    GPU."""
+    aliased = _reused_by_later_calls(outputs, buffers)
+    if backend.name == "cpu":
+        outputs = [_as_laid_out(output_digest.plain(out)) for out in outputs]
+        return aliased, outputs, None, [_regions(out) for out in outputs]
+    return aliased, outputs, output_digest.block_sketches(outputs), None
 
 
 def _time_drawn(
@@ -816,6 +840,12 @@ def _moved(destination: Any, source: Any) -> bool:
 
 # The values other than tensors a draw may hold, by exact type: immutable, so nothing can be deferred through them.
 _NUMBERS = (int, float, bool, complex, type(None))
+
+
+def _described(values: list[Any]) -> list[Any]:
+    """Each value's dtype and shape where it is a tensor (None where not), as the judge describes the reference's
+    input sets (evaluation.ReferenceData.input_kinds)."""
+    return [[str(v.dtype), list(v.shape)] if isinstance(v, _Tensor) else None for v in values]
 
 
 def _kinds(values: list[Any]) -> list[tuple[Any, ...] | None]:
@@ -1014,15 +1044,12 @@ def _seed_host_generators(seed: int) -> None:
 def _as_laid_out(output: Any) -> Any:
     """The output with each tensor's values in one span of memory (dense in any order of its dimensions, no lazy
     conjugate or negation), copied only where they are not (rare: a copy would cost this side alone time on the
-    judge's clock): what the judge reads from memory (held_memory) is then what a save writes. With torch's Python
-    hooks off: a red-team candidate returned a strided view of its inputs and its mode did the matmul in this copy,
-    after the block's calls (`implausible_timing` in both levels; the judge's clock was all that stood in its way).
-    Strided values are gathered by numpy (_dense_copy_of), which no kernel the candidate registers reaches; a lazy
-    conjugate or negation is resolved by torch, where one still runs: a limit (docs/evaluator.md)."""
-    return _without_candidate_hooks(lambda: _laid_out(output))
-
-
-def _laid_out(output: Any) -> Any:
+    judge's clock): what the judge reads from memory (held_memory) is then what a save writes. Called with torch's
+    Python hooks off (_after_the_calls): a red-team candidate returned a strided view of its inputs and its mode did
+    the matmul in this copy, after the block's calls (`implausible_timing` in both levels; the judge's clock was all
+    that stood in its way). Strided values are gathered by numpy (_dense_copy_of), which no kernel the candidate
+    registers reaches; a lazy conjugate or negation is resolved by torch, where one still runs: a limit
+    (docs/evaluator.md)."""
     tensors = list(output) if isinstance(output, list | tuple) else [output]
     if all(held_memory.dense(t) and not t.is_conj() and not t.is_neg() for t in tensors):
         return output

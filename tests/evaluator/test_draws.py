@@ -231,6 +231,10 @@ def test_the_layout_of_a_non_dense_output_runs_no_mode_of_the_candidates():
     assert [[nbytes for _, nbytes in call] for call in reply["regions"]] == [[4 * 4]] * 3  # laid out, all the same
     laid_out = {"contiguous", "resolve_conj", "resolve_neg", "clone"}
     assert not laid_out & set(functions.seen), functions.seen
+    # Nothing of the runner's steps after the calls either (where an output lies, whether it is reused, its shape
+    # for the next re-check): a red-team candidate's mode did the work it had deferred past its calls in the first
+    # of them. What it sees is the draw (randn, moved to the device) and the switch of autograd around the block.
+    assert set(functions.seen) <= {"mul", "__getitem__", "randn", "to", "_set_grad_enabled"}, functions.seen
     assert not [op for op in operators.seen if "clone" in op or "copy" in op], operators.seen
 
 
@@ -379,6 +383,22 @@ def test_a_block_refuses_a_set_of_another_kind_than_its_last():
     assert again[0].data_ptr() == first[0].data_ptr() and again[1] == 5
     (next_block,) = sets.refill([torch.randn(1, 4, 6)])[:1]  # a block's first set may change kind
     assert next_block.shape == (1, 4, 6)
+
+
+def test_a_candidates_refill_takes_only_sets_of_the_references_kinds():
+    """The judge sends the kinds of the reference's input sets: a red-team candidate's draws handed the refill one
+    element of each input (its calls took the whole tensors it had kept), and the refills' cost it saved hid work."""
+    context = types.SimpleNamespace(backend=get_backend("cpu"), pin_threads=lambda: None)
+    kinds = [[["torch.float32", [4, 6]], None], [["torch.float32", [2, 6]], None]]
+    sets = InputSets(context, lambda: [torch.randn(4, 6), 3], kinds=kinds)
+    sets.refill([torch.randn(4, 6), 3])
+    sets.refill([torch.randn(2, 6), 1.5])  # another of the reference's kinds, a block's first set
+    for other in ([torch.randn(1), 3], [torch.randn(4, 6, dtype=torch.float64), 3], [torch.randn(4, 6)]):
+        with pytest.raises(RuntimeError, match="other shapes, dtypes or devices than the reference's inputs"):
+            sets.refill(other)
+    if torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="than the reference's inputs"):
+            sets.refill([torch.randn(4, 6, device="cuda"), 3])  # another device than the worker's
 
 
 class _Count(int):

@@ -1054,6 +1054,74 @@ class ModelNew(torch.nn.Module):
 """
 
 
+# Against ADD_REFERENCE: a torch function mode, pushed at import, keeps every tensor drawn for a timed call and
+# hands the draw one element of it, so that its refills move 4 bytes where the reference's timer moves 8 MB. Its
+# calls take the kept tensors, add three tenths of each and leave the rest to the runner's first step after the
+# block's calls that reaches the mode (then _reused_by_later_calls): the time its refills saved hid that work.
+SHRINKS_ITS_DRAWS = """
+import collections
+import sys
+import torch
+from torch.overrides import TorchFunctionMode
+
+
+def _called_from(names):
+    frame = sys._getframe(2)
+    for _ in range(14):
+        if frame is None:
+            return False
+        if frame.f_code.co_name in names:
+            return True
+        frame = frame.f_back
+    return False
+
+
+_KEPT = collections.deque()
+_DEFERRED = []
+
+
+class _Mode(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if _DEFERRED and not _called_from(("forward",)):
+            while _DEFERRED:
+                out, x, y, done = _DEFERRED.pop()
+                torch.add(x[done:], y[done:], out=out[done:])
+        out = func(*args, **(kwargs or {}))
+        if func is torch.randn and _called_from(("draw_all",)):
+            _KEPT.append(out)
+            return out[:1]
+        return out
+
+
+_Mode().__enter__()
+
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+
+    def forward(self, x, y):
+        if x.shape[0] != 1 or len(_KEPT) < 2:
+            return x + y
+        x, y = _KEPT.popleft(), _KEPT.popleft()
+        done = x.shape[0] * 3 // 10
+        out = torch.empty(x.shape[0])
+        torch.add(x[:done], y[:done], out=out[:done])
+        _DEFERRED.append((out, x, y, done))
+        return out
+"""
+
+
+def test_a_drawn_set_of_other_shapes_than_the_references_is_refused(any_client: httpx.Client) -> None:
+    """A red-team candidate doing this scored correct at 1.91x and 2.04x with no flag in 2 of 8 strict runs, and
+    1.17x in process isolation (the others 1.0x, `unverified_timing`). The judge now sends the kinds of the
+    reference's input sets, and a set refilled for a call must be one of them."""
+    result = evaluate(any_client, SHRINKS_ITS_DRAWS, ADD_REFERENCE, timing_trials=20)
+    assert result["status"] == "runtime_error", result
+    assert "other shapes, dtypes or devices than the reference's inputs" in result["message"], result["message"]
+    assert_still_correct(any_client)
+
+
 # Against ADD_REFERENCE: a torch function mode, pushed at import, wraps every tensor drawn for a timed block in an
 # object of its own, which is neither a tensor nor a number: the refill handed such values to the call as drawn, so
 # each call's inputs lay in memory no later refill wrote over. A timed call adds a fifth of the elements and returns
@@ -1127,7 +1195,10 @@ def test_a_set_of_another_shape_within_a_block_is_refused(any_client: httpx.Clie
     at 0.4-1.2x."""
     result = evaluate(any_client, ALTERNATES_SHAPES_WITHIN_A_BLOCK, ADD_REFERENCE, timing_trials=20)
     assert result["status"] == "runtime_error", result
-    assert "another shape, dtype or device than the block's last set's" in result["message"], result["message"]
+    # (1, n) is no shape of the reference's inputs: refused as any set of another kind than the reference's is.
+    # Within a block a set of one of the reference's kinds but another than the last set's is refused as well
+    # (test_draws.py), for problems whose trials draw more than one kind.
+    assert "other shapes, dtypes or devices than the reference's inputs" in result["message"], result["message"]
     assert_still_correct(any_client)
 
 
