@@ -937,29 +937,35 @@ def test_no_code_of_the_candidates_runs_in_the_refills_or_copies(any_client: htt
     assert not {"stale_output", "result_tampering"} & set(result["flags"]), f"{result['flags']} {result['message']}"
 
 
-# Against ADD_REFERENCE: a torch function mode, pushed at import, makes every tensor drawn for a timed block a
-# subclass (which the refill had handed the call as drawn, so no later refill wrote over a call's inputs). A timed
-# call adds a fifth of the elements and returns a stride-0 view; the runner's `.contiguous()` of that view, after the
-# block's calls, reaches the mode, which adds the rest there.
-DEFERS_PAST_THE_CALLS = """
+# The start of the hostile candidates below: their torch function modes tell the runner's steps apart by the names
+# of the functions on the stack, as a candidate that has read the runner can.
+CALLED_FROM = """
 import sys
 import torch
 from torch.overrides import TorchFunctionMode
 
 
-class _Drawn(torch.Tensor):
-    pass
-
-
 def _called_from(names):
     frame = sys._getframe(2)
-    for _ in range(8):
+    for _ in range(14):
         if frame is None:
             return False
         if frame.f_code.co_name in names:
             return True
         frame = frame.f_back
     return False
+"""
+
+# Against ADD_REFERENCE: a torch function mode, pushed at import, makes every tensor drawn for a timed block a
+# subclass (which the refill had handed the call as drawn, so no later refill wrote over a call's inputs). A timed
+# call adds a fifth of the elements and returns a stride-0 view; the runner's `.contiguous()` of that view, after the
+# block's calls, reaches the mode, which adds the rest there.
+DEFERS_PAST_THE_CALLS = (
+    CALLED_FROM
+    + """
+
+class _Drawn(torch.Tensor):
+    pass
 
 
 _DEFERRED = {}
@@ -997,6 +1003,7 @@ class ModelNew(torch.nn.Module):
         _DEFERRED[view.data_ptr()] = (out, x, y, done)
         return view
 """
+)
 
 
 def test_inputs_drawn_as_a_subclass_are_refilled_like_any_other(any_client: httpx.Client) -> None:
@@ -1012,22 +1019,9 @@ def test_inputs_drawn_as_a_subclass_are_refilled_like_any_other(any_client: http
 # extra dimension of size 1, so that each set is of another shape than the last and was copied into memory of its own,
 # which no later refill wrote over (a call's inputs then outlived the block's next call, for work deferred past the
 # calls to read). Its calls themselves add honestly: only the change of shape within a block is refused.
-ALTERNATES_SHAPES_WITHIN_A_BLOCK = """
-import sys
-import torch
-from torch.overrides import TorchFunctionMode
-
-
-def _called_from(names):
-    frame = sys._getframe(2)
-    for _ in range(8):
-        if frame is None:
-            return False
-        if frame.f_code.co_name in names:
-            return True
-        frame = frame.f_back
-    return False
-
+ALTERNATES_SHAPES_WITHIN_A_BLOCK = (
+    CALLED_FROM
+    + """
 
 _DRAWN = [0]
 
@@ -1052,28 +1046,17 @@ class ModelNew(torch.nn.Module):
     def forward(self, x, y):
         return x.reshape(-1) + y.reshape(-1)
 """
+)
 
 
 # Against ADD_REFERENCE: a torch function mode, pushed at import, keeps every tensor drawn for a timed call and
 # hands the draw one element of it, so that its refills move 4 bytes where the reference's timer moves 8 MB. Its
 # calls take the kept tensors, add three tenths of each and leave the rest to the runner's first step after the
 # block's calls that reaches the mode (then _reused_by_later_calls): the time its refills saved hid that work.
-SHRINKS_ITS_DRAWS = """
+SHRINKS_ITS_DRAWS = (
+    CALLED_FROM
+    + """
 import collections
-import sys
-import torch
-from torch.overrides import TorchFunctionMode
-
-
-def _called_from(names):
-    frame = sys._getframe(2)
-    for _ in range(14):
-        if frame is None:
-            return False
-        if frame.f_code.co_name in names:
-            return True
-        frame = frame.f_back
-    return False
 
 
 _KEPT = collections.deque()
@@ -1110,6 +1093,7 @@ class ModelNew(torch.nn.Module):
         _DEFERRED.append((out, x, y, done))
         return out
 """
+)
 
 
 def test_a_drawn_set_of_other_shapes_than_the_references_is_refused(any_client: httpx.Client) -> None:
@@ -1126,22 +1110,9 @@ def test_a_drawn_set_of_other_shapes_than_the_references_is_refused(any_client: 
 # object of its own, which is neither a tensor nor a number: the refill handed such values to the call as drawn, so
 # each call's inputs lay in memory no later refill wrote over. A timed call adds a fifth of the elements and returns
 # a stride-0 view; the rest is added when the runner next reaches the mode (the digest's first torch call).
-HANDS_OVER_ITS_OWN_OBJECTS = """
-import sys
-import torch
-from torch.overrides import TorchFunctionMode
-
-
-def _called_from(names):
-    frame = sys._getframe(2)
-    for _ in range(8):
-        if frame is None:
-            return False
-        if frame.f_code.co_name in names:
-            return True
-        frame = frame.f_back
-    return False
-
+HANDS_OVER_ITS_OWN_OBJECTS = (
+    CALLED_FROM
+    + """
 
 class _Held:
     def __init__(self, tensor):
@@ -1179,6 +1150,7 @@ class ModelNew(torch.nn.Module):
         _DEFERRED.append((out, x, y, done))
         return out
 """
+)
 
 
 def test_a_drawn_input_that_is_neither_a_tensor_nor_a_number_is_refused(any_client: httpx.Client) -> None:
