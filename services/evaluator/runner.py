@@ -581,8 +581,8 @@ class InputSets:
             or any(v.device.type != self.context.backend.name for v in values if isinstance(v, _Tensor))
         ):
             # A red-team candidate's mode kept each drawn tensor and handed the draw one element of it: its refills
-            # then cost it nothing, where the reference's timer moved every byte, and the time that saved hid four
-            # fifths of each answer done after its calls (correct at 1.9-2.0x, no flag, in 2 of 8 runs).
+            # then cost it nothing, where the reference's timer moved every byte, and the time that saved hid seven
+            # tenths of each answer done after its calls (correct at 1.9-2.0x, no flag, in 2 of 8 strict runs).
             raise RuntimeError("a drawn set has other shapes, dtypes or devices than the reference's inputs")
         if within_block and self.buffers is not None and _kinds(values) != _kinds(self.buffers):
             # A set of another kind gets memory of its own, which no later refill writes over: the call's inputs
