@@ -584,11 +584,6 @@ class InputSets:
             # then cost it nothing, where the reference's timer moved every byte, and the time that saved hid seven
             # tenths of each answer done after its calls (correct at 1.9-2.0x, no flag, in 2 of 8 strict runs).
             raise RuntimeError("a drawn set has other shapes, dtypes or devices than the reference's inputs")
-        if self.kinds is not None and any(isinstance(v, _Tensor) and not held_memory.dense(v) for v in values):
-            # A red-team candidate's draws were stride-0 expansions of one element, of the reference's shapes: each
-            # refill then moved 4 bytes where the reference's moved every input, and the time saved hid six tenths
-            # of each answer done after its calls (correct at 1.3-1.9x in both levels against sin(x) * y).
-            raise RuntimeError("a drawn input's elements overlap or leave gaps (a drawn tensor fills its memory)")
         if within_block and self.buffers is not None and _kinds(values) != _kinds(self.buffers):
             # A set of another kind gets memory of its own, which no later refill writes over: the call's inputs
             # would outlive the block's next call, and work deferred past the calls could read them. Only the
