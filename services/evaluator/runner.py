@@ -576,10 +576,11 @@ class InputSets:
             # Handed to the call as drawn, such an object would hold memory no refill writes over: a red-team
             # candidate's mode wrapped its draws in objects of its own, to defer work past the calls.
             raise RuntimeError("a drawn input is neither a tensor nor a number (a problem's get_inputs returns those)")
-        if self.kinds is not None and (
-            _described(values) not in self.kinds
-            or any(v.device.type != self.context.backend.name for v in values if isinstance(v, _Tensor))
-        ):
+        # Described on both sides, the reference's timer too, so that the check costs both sides' refills alike:
+        # the judge reads a difference in time outside the calls as work moved out of them.
+        described = _described(values)
+        on_device = all(v.device.type == self.context.backend.name for v in values if isinstance(v, _Tensor))
+        if self.kinds is not None and (described not in self.kinds or not on_device):
             # A red-team candidate's mode kept each drawn tensor and handed the draw one element of it: its refills
             # then cost it nothing, where the reference's timer moved every byte, and the time that saved hid seven
             # tenths of each answer done after its calls (correct at 1.9-2.0x, no flag, in 2 of 8 strict runs).
