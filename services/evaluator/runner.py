@@ -580,11 +580,17 @@ class InputSets:
         # the judge reads a difference in time outside the calls as work moved out of them.
         described = _described(values)
         on_device = all(v.device.type == self.context.backend.name for v in values if isinstance(v, _Tensor))
+        filled = all(held_memory.dense(v) for v in values if isinstance(v, _Tensor))
         if self.kinds is not None and (described not in self.kinds or not on_device):
             # A red-team candidate's mode kept each drawn tensor and handed the draw one element of it: its refills
             # then cost it nothing, where the reference's timer moved every byte, and the time that saved hid seven
             # tenths of each answer done after its calls (correct at 1.9-2.0x, no flag, in 2 of 8 strict runs).
             raise RuntimeError("a drawn set has other shapes, dtypes or devices than the reference's inputs")
+        if self.kinds is not None and not filled:
+            # Another's draws were stride-0 expansions of one element, of the reference's shapes: each refill then
+            # moved 4 bytes where the reference's moved every input, and the time saved hid six tenths of each
+            # answer done after its calls (correct at 1.3-1.9x in both levels against sin(x) * y).
+            raise RuntimeError("a drawn input's elements overlap or leave gaps (a drawn tensor fills its memory)")
         if within_block and self.buffers is not None and _kinds(values) != _kinds(self.buffers):
             # A set of another kind gets memory of its own, which no later refill writes over: the call's inputs
             # would outlive the block's next call, and work deferred past the calls could read them. Only the

@@ -396,6 +396,10 @@ def test_a_candidates_refill_takes_only_sets_of_the_references_kinds():
     for other in ([torch.randn(1), 3], [torch.randn(4, 6, dtype=torch.float64), 3], [torch.randn(4, 6)]):
         with pytest.raises(RuntimeError, match="other shapes, dtypes or devices than the reference's inputs"):
             sets.refill(other)
+    # The reference's shape, but one element's memory: every refill would move 4 bytes.
+    for sparse in (torch.randn(1, 1).expand(4, 6), torch.randn(8, 6)[::2], torch.randn(30).as_strided((4, 6), (1, 1))):
+        with pytest.raises(RuntimeError, match="overlap or leave gaps"):
+            sets.refill([sparse, 3])
     if torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="than the reference's inputs"):
             sets.refill([torch.randn(4, 6, device="cuda"), 3])  # another device than the worker's

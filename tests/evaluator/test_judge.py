@@ -1106,6 +1106,53 @@ def test_a_drawn_set_of_other_shapes_than_the_references_is_refused(any_client: 
     assert_still_correct(any_client)
 
 
+# Against ADD_REFERENCE: the mode keeps each drawn tensor and hands the draw a stride-0 expansion of its first
+# element, of the reference's shape and dtype (the re-check's set too, as it is moved to the device): every refill
+# then moved 4 bytes where the reference's timer moved each input whole. Its calls take the kept tensors (and add
+# honestly here: only the refusal is tested).
+EXPANDS_ITS_DRAWS = (
+    CALLED_FROM
+    + """
+import collections
+
+
+_KEPT = collections.deque()
+
+
+class _Mode(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        drawn = func is torch.randn and _called_from(("draw_all",))
+        if drawn or (func is torch.Tensor.to and _called_from(("one_set",))):  # and the re-check's set
+            _KEPT.append(out)
+            return out[:1].expand(out.shape)
+        return out
+
+
+_Mode().__enter__()
+
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+
+    def forward(self, x, y):
+        if x.stride() != (0,) or len(_KEPT) < 2:
+            return x + y
+        return torch.add(_KEPT.popleft(), _KEPT.popleft())
+"""
+)
+
+
+def test_a_drawn_input_that_does_not_fill_its_memory_is_refused(any_client: httpx.Client) -> None:
+    """A red-team candidate doing this, with six tenths of each answer deferred past its calls, scored correct at
+    1.3-1.9x in both levels against sin(x) * y (one run at 1.90x with no flag)."""
+    result = evaluate(any_client, EXPANDS_ITS_DRAWS, ADD_REFERENCE, timing_trials=20)
+    assert result["status"] == "runtime_error", result
+    assert "overlap or leave gaps" in result["message"], result["message"]
+    assert_still_correct(any_client)
+
+
 # Against ADD_REFERENCE: a torch function mode, pushed at import, wraps every tensor drawn for a timed block in an
 # object of its own, which is neither a tensor nor a number: the refill handed such values to the call as drawn, so
 # each call's inputs lay in memory no later refill wrote over. A timed call adds a fifth of the elements and returns
