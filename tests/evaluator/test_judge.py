@@ -539,28 +539,32 @@ def test_an_output_forged_within_the_tolerance_is_caught_on_the_cpu(any_client: 
     assert_still_correct(any_client)
 
 
-def assert_refused_for_shared_pages(result: dict[str, Any]) -> None:
-    """The helpers hand their answers to the worker through memory mapped shared, which the judge refuses where it
-    reads a checked output (held_memory.shared_writable). Before that check the judge's clock held them: where the
-    job has a cgroup (strict isolation here) the helpers' CPU time stayed on it and the draw's excess was counted in
-    the samples (about 1x); where it has none, the draw's time off the CPU, or the block's wall time, was flagged."""
-    assert result["status"] == "rejected" and "result_tampering" in result["flags"], result
-    assert "writable and shared" in result["message"], result["message"]
+def assert_draw_flagged_or_charged(result: dict[str, Any]) -> None:
+    """Work moved into the draw by helpers that exit: where the job has a cgroup (strict isolation here) their CPU
+    time stays on the judge's clock and the draw's excess is counted in the samples, which leaves no speed beyond an
+    honest copy's (about 1x; 0.28x and 0.50x in one run); where it has none it leaves with them, and the draw's
+    time off the CPU is flagged. Helpers still at work when the block starts are seen there instead (hides_work: in
+    one CI run, strict, the judge's clock left 5.9 ms per block unexplained against the reference's 3.7)."""
+    if result["status"] == "correct":
+        assert "charged_outside_calls" in result["flags"] and result["speedup"] < 1.5, result
+    else:
+        assert result["status"] == "rejected" and "implausible_timing" in result["flags"], result
+        moved = ("drawing the inputs", "work off the timed stream")
+        assert any(reason in result["message"] for reason in moved), result["message"]
 
 
 def test_answers_computed_by_helpers_while_the_inputs_are_drawn_buy_no_speed(any_client: httpx.Client) -> None:
     candidate = DRAW_OFFLOAD.format(offloaded=20)
     result = evaluate(any_client, candidate, sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240)
-    assert_refused_for_shared_pages(result)
+    assert_draw_flagged_or_charged(result)
     assert_still_correct(any_client)
 
 
 def test_outputs_computed_by_helpers_after_the_timed_call_returned_are_seen(any_client: httpx.Client) -> None:
     """The helper's CPU time leaves with it (mostly: the judge's clock saw the work in some runs, in the block or in
-    the draw that follows); the block's wall time does not. Correct at 3.7x and 6.3x here before the wall clock,
-    `implausible_timing` by it since, and refused for its shared pages before that now."""
+    the draw that follows); the block's wall time does not. Correct at 3.7x and 6.3x here before the wall clock."""
     result = evaluate(any_client, AFTER_CALL_HELPERS, sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240)
-    assert_refused_for_shared_pages(result)
+    assert result["status"] == "rejected" and "implausible_timing" in result["flags"], result
 
 
 def test_answers_computed_while_the_inputs_are_drawn_in_just_over_half_of_few_blocks_buy_no_speed(
@@ -568,10 +572,10 @@ def test_answers_computed_while_the_inputs_are_drawn_in_just_over_half_of_few_bl
 ) -> None:
     """11 of 20 blocks: the median is theirs, but the ranks of all pairs are not (z of about 2.96 against 3.09); it
     scored correct at 4-18x in 7 of 9 runs. The slowest draws of both sides are the candidate's, 11 in a row, and
-    each of those blocks was charged its own draw; its shared pages are refused first now."""
+    each of those blocks is charged its own draw."""
     candidate = DRAW_OFFLOAD.format(offloaded=11)
     result = evaluate(any_client, candidate, sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240)
-    assert_refused_for_shared_pages(result)
+    assert_draw_flagged_or_charged(result)
 
 
 def test_a_swapped_inputs_directory_never_makes_the_service_write_elsewhere(any_client: httpx.Client, tmp_path) -> None:  # noqa: ANN001
