@@ -1208,9 +1208,8 @@ class ModelNew(torch.nn.Module):
 
 
 def test_input_buffers_mapped_onto_shared_pages_are_refused(any_client: httpx.Client) -> None:
-    """The judge reads the worker's memory map when it reads a checked output (held_memory.shared_writable): on a
-    CPU, where the buffers are host memory (on a GPU host `auto` would pick CUDA, whose re-check set is no file)."""
-    result = evaluate(any_client, ALIASES_ITS_BUFFERS, ADD_REFERENCE, timing_trials=20, device="cpu")
+    """The judge reads the worker's memory map when it reads a checked output (held_memory.shared_writable)."""
+    result = evaluate(any_client, ALIASES_ITS_BUFFERS, ADD_REFERENCE, timing_trials=20)
     assert result["status"] == "rejected", result
     assert "result_tampering" in result["flags"], result
     assert "writable and shared" in result["message"], result["message"]
