@@ -128,27 +128,6 @@ def read_hash(pid: int, regions: list[list[int]], max_bytes: int, readable: bool
     return digest.hexdigest()
 
 
-def shared_writable(pid: int) -> list[str]:
-    """The stopped worker's mappings that are writable and shared (/proc/<pid>/maps), NVIDIA's devices aside: a CPU
-    worker needs none. Mapped over and over onto one small file, a shared mapping puts many addresses on the same
-    few physical pages: a red-team candidate so remapped the buffers the runner refills before each call, whose
-    refills then wrote cache-resident pages (the buffers left holding garbage; its calls read the drawn sets
-    instead), and the time that saved, which the judge takes as the same on both sides, paid for a second thread
-    (`correct` at 1.6-1.9x with no flag in both levels against an add of two 16 MB vectors)."""
-    try:
-        with open(f"/proc/{pid}/maps") as maps:
-            lines = maps.read().splitlines()
-    except PermissionError:
-        raise UnreadableMemory("the job made its memory map unreadable to the judge") from None
-    found = []
-    for line in lines:
-        fields = line.split(maxsplit=5)
-        path = fields[5] if len(fields) > 5 else ""
-        if fields[1][1] == "w" and fields[1][3] == "s" and not path.startswith("/dev/nvidia"):
-            found.append(" ".join(fields))
-    return found
-
-
 def undumpable(pid: int) -> bool:
     """Whether a process under this process's own uid made itself undumpable (PR_SET_DUMPABLE 0): the kernel then
     gives its private /proc files (`mem` among them) to root instead of its effective uid, and only a process with

@@ -125,31 +125,3 @@ def test_a_refused_read_is_the_jobs_doing_where_the_service_could_read_at_start(
         with pytest.raises(PermissionError) as raised:
             held_memory.read_hash(os.getpid(), [[4096, 8]], 1 << 20, readable)
         assert not isinstance(raised.value, held_memory.UnreadableMemory)
-
-
-def test_a_writable_shared_mapping_is_found_and_a_plain_process_has_none() -> None:
-    """A torch process that computed on the CPU maps nothing writable and shared; one page of a memfd mapped
-    shared, as a red-team candidate mapped one over its refills' buffers again and again, is found; mapped
-    private (copy-on-write, as the runner maps handed-over inputs) it is not."""
-    assert held_memory.shared_writable(os.getpid()) == []
-    mapping = (
-        "import mmap, os, sys\n"
-        "fd = os.memfd_create('pages')\n"
-        "os.ftruncate(fd, 4096)\n"
-        "flags = mmap.MAP_SHARED if sys.argv[1] == 'shared' else mmap.MAP_PRIVATE\n"
-        "pages = mmap.mmap(fd, 4096, flags=flags)\n"
-        "print('mapped', flush=True)\n"
-        "sys.stdin.read()\n"
-    )
-    for kind, found in (("shared", 1), ("private", 0)):
-        child = subprocess.Popen(
-            [sys.executable, "-c", mapping, kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        try:
-            assert child.stdout is not None and child.stdout.readline() == "mapped\n"
-            mappings = held_memory.shared_writable(child.pid)
-            assert len(mappings) == found, mappings
-            assert all("/memfd:pages" in line for line in mappings)
-        finally:
-            child.kill()
-            child.wait()
