@@ -1208,9 +1208,10 @@ class Judge:
         max_bytes = 2 * _nbytes(self.reference.expected[0]) + 4096
         try:
             pid = held_memory.worker_pid(worker.proc.pid, strict=worker.uid is not None)
-            return await asyncio.to_thread(
+            held_hash = await asyncio.to_thread(
                 held_memory.read_hash, pid, regions[call], max_bytes, self.pool.memory_readable
             )
+            aliased = await asyncio.to_thread(held_memory.aliased_pages, pid)
         except held_memory.UnreadableMemory as error:
             self.run_state.flags["result_tampering"] = f"the output of timed call {call} could not be read: {error}"
             raise CandidateFailure from error
@@ -1223,6 +1224,13 @@ class Judge:
             ) from error
         except OSError:
             return None  # the job's processes are gone: its next command fails
+        if aliased:
+            # The refills' buffers may lie on pages mapped many times over (held_memory.aliased_pages).
+            self.run_state.flags["result_tampering"] = (
+                f"the worker mapped the same shared pages writable at more than one address: {aliased[0][:300]}"
+            )
+            raise CandidateFailure
+        return held_hash
 
     async def _command(
         self, worker: Worker, command: dict[str, Any], reply: str, clocked: bool = False, hold: bool = False

@@ -128,6 +128,39 @@ def read_hash(pid: int, regions: list[list[int]], max_bytes: int, readable: bool
     return digest.hexdigest()
 
 
+def aliased_pages(pid: int) -> list[str]:
+    """The stopped worker's writable shared mappings (/proc/<pid>/maps) that put the same backing pages (a file, a
+    memfd, shared anonymous memory: device and inode, with the offset range) at more than one address. Mapped over
+    and over onto one small memfd, a red-team candidate's refill buffers wrote the same few cache-resident pages at
+    every refill (the buffers left holding garbage; its calls read the drawn sets instead), and the time that saved,
+    which the judge takes as the same on both sides, paid for a second thread (`correct` at 1.6-1.9x with no flag in
+    both levels against an add of two 16 MB vectors). A shared mapping as such is no sign: torch.compile's worker
+    maps a POSIX semaphore, and a helper process may hand results over through shared memory (the judge's clock
+    holds that). NVIDIA's device files are left out: their offsets are not pages of one object."""
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            lines = maps.read().splitlines()
+    except PermissionError:
+        raise UnreadableMemory("the job made its memory map unreadable to the judge") from None
+    seen: dict[tuple[str, str], list[tuple[int, int, str]]] = {}
+    aliased = []
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        path = fields[5] if len(fields) > 5 else ""
+        if fields[1][1] != "w" or fields[1][3] != "s" or path.startswith("/dev/nvidia"):
+            continue
+        low, high = (int(bound, 16) for bound in fields[0].split("-"))
+        first = int(fields[2], 16)
+        backing = (fields[3], fields[4])
+        last = first + high - low
+        for other_first, other_last, other in seen.get(backing, []):
+            if first < other_last and other_first < last:
+                aliased.append(f"{' '.join(fields)} (the pages of {other.split()[0]})")
+                break
+        seen.setdefault(backing, []).append((first, last, line))
+    return aliased
+
+
 def undumpable(pid: int) -> bool:
     """Whether a process under this process's own uid made itself undumpable (PR_SET_DUMPABLE 0): the kernel then
     gives its private /proc files (`mem` among them) to root instead of its effective uid, and only a process with

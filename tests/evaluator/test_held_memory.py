@@ -125,3 +125,54 @@ def test_a_refused_read_is_the_jobs_doing_where_the_service_could_read_at_start(
         with pytest.raises(PermissionError) as raised:
             held_memory.read_hash(os.getpid(), [[4096, 8]], 1 << 20, readable)
         assert not isinstance(raised.value, held_memory.UnreadableMemory)
+
+
+MAPS_PAGES = """
+import ctypes, mmap, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = libc.mremap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
+rw = mmap.PROT_READ | mmap.PROT_WRITE
+kind = sys.argv[1]
+if kind == "anonymous, remapped":  # a second address for shared anonymous pages: mremap with an old size of 0
+    first = libc.mmap(None, 8192, rw, mmap.MAP_SHARED | mmap.MAP_ANONYMOUS, -1, 0)
+    assert libc.mremap(first, 0, 4096, 1) not in (None, ctypes.c_void_p(-1).value)  # MREMAP_MAYMOVE
+else:
+    fd = os.memfd_create("pages")
+    os.ftruncate(fd, 8192)
+    flags = mmap.MAP_PRIVATE if kind.startswith("private") else mmap.MAP_SHARED
+    for offset in (0, 4096) if kind.endswith("apart") else (0, 0) if kind.endswith("twice") else (0,):
+        assert libc.mmap(None, 4096, rw, flags, fd, offset) != ctypes.c_void_p(-1).value
+print("mapped", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize(
+    ("kind", "aliased"),
+    [
+        ("shared once", False),  # as torch.compile's worker maps a POSIX semaphore
+        ("shared, two pages apart", False),
+        ("private twice", False),  # copy-on-write: a write gets a page of its own
+        ("shared twice", True),
+        ("anonymous, remapped", True),
+    ],
+)
+def test_shared_pages_mapped_at_two_addresses_are_found(kind: str, aliased: bool) -> None:
+    """A torch process that computed on the CPU has no aliased pages; a memfd's page mapped shared at two addresses
+    (as a red-team candidate mapped one 64 KiB memfd over its refills' buffers again and again), or shared anonymous
+    memory given a second address by mremap, is found; one mapping of shared pages, or two of different pages, or
+    private mappings of the same page, are not."""
+    assert held_memory.aliased_pages(os.getpid()) == []
+    child = subprocess.Popen(
+        [sys.executable, "-c", MAPS_PAGES, kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "mapped\n"
+        found = held_memory.aliased_pages(child.pid)
+        assert bool(found) == aliased, found
+        assert len(found) <= 1, found
+    finally:
+        child.kill()
+        child.wait()

@@ -1153,6 +1153,88 @@ def test_a_drawn_input_that_does_not_fill_its_memory_is_refused(any_client: http
     assert_still_correct(any_client)
 
 
+# Against ADD_REFERENCE: at its first timed call the candidate maps one 64 KiB memfd, shared, over and over across
+# the buffers the runner refills before each call, so that every later refill writes the same few cache-resident
+# pages (the buffers then hold garbage), and its calls read the set the runner drew instead (a local of
+# `_time_drawn`; the re-check's set from its file). A red-team candidate doing this, with the time saved spent on a
+# second thread, scored correct at 1.6-1.9x with no flag in both levels against an add of two 16 MB vectors.
+ALIASES_ITS_BUFFERS = """
+import ctypes, glob, mmap, os, sys
+import torch
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_STEP = 1 << 16
+_ALIASED = set()
+
+
+def _alias(tensor):
+    start = tensor.data_ptr()
+    if start in _ALIASED:
+        return
+    end = start + tensor.numel() * tensor.element_size()
+    fd = os.memfd_create("pages")
+    os.ftruncate(fd, _STEP)
+    for address in range(-(-start // _STEP) * _STEP, end // _STEP * _STEP, _STEP):
+        flags = mmap.MAP_SHARED | 0x10  # MAP_FIXED
+        assert _libc.mmap(address, _STEP, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0) == address
+    os.close(fd)
+    _ALIASED.add(start)
+
+
+def _drawn_set():
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_name != "_time_drawn":
+        frame = frame.f_back
+    return None if frame is None else frame.f_locals["values"]
+
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+
+    def forward(self, x, y):
+        drawn = _drawn_set()
+        if drawn is None and x.data_ptr() in _ALIASED:  # the re-check, on the buffers: its set, from its file
+            files = sorted(glob.glob("inputs/inputs_*.pt"), key=lambda path: int(path[14:-3]))
+            x, y = torch.load(files[-1], weights_only=True)
+        if drawn is None:
+            return x + y
+        _alias(x)
+        _alias(y)
+        return drawn[0] + drawn[1]
+"""
+
+
+def test_input_buffers_mapped_onto_shared_pages_are_refused(any_client: httpx.Client) -> None:
+    """The judge reads the worker's memory map when it reads a checked output (held_memory.aliased_pages): on a
+    CPU, where the buffers are host memory (on a GPU host `auto` would pick CUDA, whose re-check set is no file)."""
+    result = evaluate(any_client, ALIASES_ITS_BUFFERS, ADD_REFERENCE, timing_trials=20, device="cpu")
+    assert result["status"] == "rejected", result
+    assert "result_tampering" in result["flags"], result
+    assert "same shared pages" in result["message"], result["message"]
+    assert_still_correct(any_client)
+
+
+# An add of two 64 MiB vectors (1 << 24 floats): its output is over the largest mmap threshold glibc takes (32 MiB).
+LARGE_ADD_REFERENCE = ADD_REFERENCE.replace("1 << 20", "1 << 24")
+# The reference's code, unchanged, but for one line at import: glibc's malloc is told not to map any block on its
+# own. By glibc's defaults the reference's timer mapped each 64 MiB output and faulted it in afresh; this
+# candidate's outputs reused resident heap pages: correct at 1.8-3.0x in both levels, with no flag.
+MAPS_NO_BLOCK_ON_ITS_OWN = (
+    "import ctypes\nctypes.CDLL(None).mallopt(-4, 0)  # M_MMAP_MAX\n"
+    + LARGE_ADD_REFERENCE.replace("class Model(", "class ModelNew(")
+)
+
+
+def test_a_candidates_own_malloc_setting_buys_no_speed(any_client: httpx.Client) -> None:
+    """Every worker's malloc already maps no block on its own (sandbox.child_env): the candidate's setting changes
+    nothing. An honest copy scores about 1.0x here."""
+    result = evaluate(any_client, MAPS_NO_BLOCK_ON_ITS_OWN, LARGE_ADD_REFERENCE, timing_trials=20, device="cpu")
+    assert result["status"] != "correct" or result["speedup"] < 1.4, result
+
+
 # Against ADD_REFERENCE: a torch function mode, pushed at import, wraps every tensor drawn for a timed block in an
 # object of its own, which is neither a tensor nor a number: the refill handed such values to the call as drawn, so
 # each call's inputs lay in memory no later refill wrote over. A timed call adds a fifth of the elements and returns

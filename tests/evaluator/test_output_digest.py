@@ -54,7 +54,9 @@ def test_outputs_within_tolerance_always_pass(shape: tuple[int, ...]) -> None:
 MEMORY_SETTINGS = ("MALLOC_", "THP_MEM_ALLOC_ENABLE")
 
 
-def _run_with_workers_memory_settings(code: str, tmp_path: Path, settings: bool = True) -> Any:
+def _run_with_workers_memory_settings(
+    code: str, tmp_path: Path, settings: bool = True, argv: tuple[str, ...] = ()
+) -> Any:
     """`code`'s JSON output, run in a fresh process with a worker's memory settings (sandbox.child_env: glibc's
     malloc, torch's huge pages), or with none of them."""
     env = {name: value for name, value in os.environ.items() if not name.startswith(MEMORY_SETTINGS)}
@@ -62,14 +64,16 @@ def _run_with_workers_memory_settings(code: str, tmp_path: Path, settings: bool 
         env.update(
             {name: value for name, value in child_env(tmp_path, 1, 1).items() if name.startswith(MEMORY_SETTINGS)}
         )
-    run = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, check=True)
+    run = subprocess.run(
+        [sys.executable, "-c", code, *argv], env=env, cwd=REPO, capture_output=True, text=True, check=True
+    )
     return json.loads(run.stdout)
 
 
-# A block of 4 MiB from glibc's malloc: whether it was mapped on its own, and how much free space the heap's top
+# A block of `mib` MiB from glibc's malloc: whether it was mapped on its own, and how much free space the heap's top
 # keeps once it is freed.
-_FOUR_MIB_BLOCK = """
-import ctypes, json
+_BLOCK = """
+import ctypes, json, sys
 class Mallinfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
                 ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
@@ -77,20 +81,27 @@ libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
 libc.mallinfo2.restype = Mallinfo2
-block = libc.malloc(4 << 20)
+block = libc.malloc(int(sys.argv[1]) << 20)
 mapped = libc.mallinfo2().hblkhd
 libc.free(block)
 print(json.dumps({"mapped": mapped, "kept": libc.mallinfo2().keepcost}))
 """
 
 
-def test_a_workers_malloc_keeps_freed_blocks_in_its_heap(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mib", [4, 64, 1536])
+def test_a_workers_malloc_keeps_freed_blocks_in_its_heap(tmp_path: Path, mib: int) -> None:
     """By glibc's defaults a 4 MiB block is mapped on its own and unmapped when freed (and later the heap's top is
     given back whenever more than twice the last such block lies free there), so its pages are faulted in afresh
-    at its next use; with a worker's settings it comes from the heap and stays there, resident."""
-    block = _run_with_workers_memory_settings(_FOUR_MIB_BLOCK, tmp_path)
+    at its next use; with a worker's settings it comes from the heap and stays there, resident. So does a block
+    beyond the largest mmap threshold glibc takes (32 MiB): a red-team candidate whose only change was
+    `mallopt(M_MMAP_MAX, 0)` at import had its 64 MiB outputs reuse resident heap pages where the reference's timer
+    mapped and faulted in each afresh, and scored `correct` at 1.5-3.0x for an unchanged `x + y`. A block over 1 GiB
+    is kept too (the heap's top was given back beyond 1 GiB, so only a candidate that raised that cap kept it).
+    Nothing here touches the block's pages: it costs address space only."""
+    block = _run_with_workers_memory_settings(_BLOCK, tmp_path, argv=(str(mib),))
     assert block["mapped"] == 0
-    assert block["kept"] >= 4 << 20
+    assert block["kept"] >= mib << 20
+    assert _run_with_workers_memory_settings(_BLOCK, tmp_path, settings=False, argv=(str(mib),))["mapped"] > 0
 
 
 # Page faults of each of 40 digests of one block's outputs in a fresh process (a worker's: one torch thread).
