@@ -139,20 +139,21 @@ ENV_DENY_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", 
 # Variables the sandbox sets itself; an inherited value would point outside the private directory.
 ENV_OWN = frozenset({"TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"})
 # glibc's malloc in every process of a job: blocks under MMAP_THRESHOLD_BYTES (the most glibc allows, where its own
-# threshold stops growing) come from the heap, and what lies free at the heap's top (TRIM_THRESHOLD_BYTES: all) is kept rather
-# than given back to the kernel (setting either stops glibc's own adjustment of both, hence both). By default the top
-# was given back whenever more than twice the last freed large block lay free there, so whether a step's temporaries
-# were faulted in afresh in every block (about 2.4 us a 4 KiB page) or reused resident pages depended on the
-# process's heap history: the output digest of identical code took 5.2-5.6 ms a block in one worker (944 page faults
-# each) against 3.0 ms in the other (none), either side the slower, and an honest C++ candidate was rejected for work
-# moved into the digest. What the heap keeps is within the job's peak, which its memory limit allowed. Blocks over the
-# threshold come from the heap too (MALLOC_MMAP_MAX_=0): mapped on their own, each was faulted in afresh at every
-# use, and a candidate that told its own malloc not to map any (`mallopt(M_MMAP_MAX, 0)` at import, one line) had its
-# 64 MiB outputs reuse resident pages where the reference's timer faulted in each one: `correct` at 1.5-3.0x for an
-# unchanged `x + y`. Each setting a process may change is set to what costs least, so changing it buys nothing (for
-# the same reason nothing at the top is given back: a cap of 1 GiB there left outputs over 1 GiB faulted in afresh at
-# every call but for a candidate that raised it). The price: freed memory below the heap's top is kept too, so a job
-# whose large blocks do not fit the holes earlier ones left can hold more than its peak of live memory.
+# threshold stops growing) come from the heap, and what lies free at the heap's top (TRIM_THRESHOLD_BYTES: all) is
+# kept rather than given back to the kernel (setting either stops glibc's own adjustment of both, hence both). By
+# default the top was given back whenever more than twice the last freed large block lay free there, so whether a
+# step's temporaries were faulted in afresh in every block (about 2.4 us a 4 KiB page) or reused resident pages
+# depended on the process's heap history: the output digest of identical code took 5.2-5.6 ms a block in one worker
+# (944 page faults each) against 3.0 ms in the other (none), either side the slower, and an honest C++ candidate was
+# rejected for work moved into the digest. What the heap keeps is within the job's peak, which its memory limit
+# allowed. In a CPU worker blocks over the threshold come from the heap too (MALLOC_MMAP_MAX_=0): mapped on their own,
+# each was faulted in afresh at every use, and a candidate that told its own malloc not to map any
+# (`mallopt(M_MMAP_MAX, 0)` at import, one line) had its 64 MiB outputs reuse resident pages where the reference's
+# timer faulted in each one: `correct` at 1.5-3.0x for an unchanged `x + y`. Each setting a process may change is set
+# to what costs least, so changing it buys nothing (for the same reason nothing at the top is given back: a cap of
+# 1 GiB there left outputs over 1 GiB faulted in afresh at every call but for a candidate that raised it). The price:
+# freed memory below the heap's top is kept too, so a job whose large blocks do not fit the holes earlier ones left
+# can hold more than its peak of live memory.
 MMAP_THRESHOLD_BYTES = 32 << 20
 TRIM_THRESHOLD_BYTES = 1 << 62
 
@@ -218,8 +219,10 @@ def tool_env(source: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def child_env(home: Path, build_jobs: int, threads: int, source: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a worker: an allow-list of the service's, minus secrets, plus private paths."""
+def child_env(
+    home: Path, build_jobs: int, threads: int, source: dict[str, str] | None = None, device: str = "cpu"
+) -> dict[str, str]:
+    """The environment of a worker for `device`: an allow-list of the service's, minus secrets, plus private paths."""
     source = dict(os.environ if source is None else source)
     env = {name: value for name, value in source.items() if _allowed(name) and name not in ENV_OWN}
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
@@ -242,7 +245,6 @@ def child_env(home: Path, build_jobs: int, threads: int, source: dict[str, str] 
             "MALLOC_ARENA_MAX": "2",
             "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES),
             "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD_BYTES),
-            "MALLOC_MMAP_MAX_": "0",
             # torch's CPU allocator asks for transparent huge pages (madvise) for blocks of 2 MiB and more, where
             # the host allows it: with 4 KiB pages the same memory-bound step ran at its own speed in each process
             # (a 48 MiB refill 10-22 ms a block, by process, for identical code on a 2-core machine), which the
@@ -256,6 +258,11 @@ def child_env(home: Path, build_jobs: int, threads: int, source: dict[str, str] 
             "PYTHONUNBUFFERED": "1",
         }
     )
+    if device == "cpu":
+        # Only where tensors are host memory: a CUDA worker's large host blocks are the model's parameters, built on
+        # the host and moved to the device, which a heap would keep for the worker's life (8 GiB for KernelBench's
+        # 3/2 ShallowWideMLP); its timed calls allocate device memory, which glibc's settings do not touch.
+        env["MALLOC_MMAP_MAX_"] = "0"
     return env
 
 
