@@ -543,7 +543,8 @@ def assert_draw_flagged_or_charged(result: dict[str, Any]) -> None:
     """Work moved into the draw by helpers that exit: where the job has a cgroup (strict isolation here) their CPU
     time stays on the judge's clock and the draw's excess is counted in the samples, which leaves no speed beyond an
     honest copy's (about 1x; 0.28x and 0.50x in one run); where it has none it leaves with them, and the draw's
-    time off the CPU is flagged. Helpers still at work when the block starts are seen there instead (hides_work: in
+    time off the CPU is flagged. The helper tests ask for the CPU: on a GPU host `auto` picks CUDA, where these
+    forked helpers working on host memory end the candidate in `runtime_error` (an H200 run). Helpers still at work when the block starts are seen there instead (hides_work: in
     one CI run, strict, the judge's clock left 5.9 ms per block unexplained against the reference's 3.7)."""
     if result["status"] == "correct":
         assert "charged_outside_calls" in result["flags"] and result["speedup"] < 1.5, result
@@ -555,7 +556,7 @@ def assert_draw_flagged_or_charged(result: dict[str, Any]) -> None:
 
 def test_answers_computed_by_helpers_while_the_inputs_are_drawn_buy_no_speed(any_client: httpx.Client) -> None:
     candidate = DRAW_OFFLOAD.format(offloaded=20)
-    result = evaluate(any_client, candidate, sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240)
+    result = evaluate(any_client, candidate, sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240, device="cpu")
     assert_draw_flagged_or_charged(result)
     assert_still_correct(any_client)
 
@@ -563,7 +564,9 @@ def test_answers_computed_by_helpers_while_the_inputs_are_drawn_buy_no_speed(any
 def test_outputs_computed_by_helpers_after_the_timed_call_returned_are_seen(any_client: httpx.Client) -> None:
     """The helper's CPU time leaves with it (mostly: the judge's clock saw the work in some runs, in the block or in
     the draw that follows); the block's wall time does not. Correct at 3.7x and 6.3x here before the wall clock."""
-    result = evaluate(any_client, AFTER_CALL_HELPERS, sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240)
+    result = evaluate(
+        any_client, AFTER_CALL_HELPERS, sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240, device="cpu"
+    )
     assert result["status"] == "rejected" and "implausible_timing" in result["flags"], result
 
 
@@ -574,7 +577,7 @@ def test_answers_computed_while_the_inputs_are_drawn_in_just_over_half_of_few_bl
     scored correct at 4-18x in 7 of 9 runs. The slowest draws of both sides are the candidate's, 11 in a row, and
     each of those blocks is charged its own draw."""
     candidate = DRAW_OFFLOAD.format(offloaded=11)
-    result = evaluate(any_client, candidate, sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240)
+    result = evaluate(any_client, candidate, sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240, device="cpu")
     assert_draw_flagged_or_charged(result)
 
 
