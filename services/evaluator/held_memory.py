@@ -142,7 +142,7 @@ def aliased_pages(pid: int) -> list[str]:
             lines = maps.read().splitlines()
     except PermissionError:
         raise UnreadableMemory("the job made its memory map unreadable to the judge") from None
-    seen: dict[tuple[str, str], list[tuple[int, int, str]]] = {}
+    seen: dict[tuple[str, str], list[tuple[int, int, str]]] = {}  # backing: (first, last offset, address range)
     aliased = []
     for line in lines:
         fields = line.split(maxsplit=5)
@@ -155,9 +155,9 @@ def aliased_pages(pid: int) -> list[str]:
         last = first + high - low
         for other_first, other_last, other in seen.get(backing, []):
             if first < other_last and other_first < last:
-                aliased.append(f"{' '.join(fields)} (the pages of {other.split()[0]})")
+                aliased.append(f"{' '.join(fields)} (the pages of {other})")
                 break
-        seen.setdefault(backing, []).append((first, last, line))
+        seen.setdefault(backing, []).append((first, last, fields[0]))
     return aliased
 
 
