@@ -1238,6 +1238,101 @@ def test_a_candidates_own_malloc_setting_buys_no_speed(any_client: httpx.Client)
     assert result["status"] != "correct" or result["speedup"] < 1.4, result
 
 
+# sin(x) * y on two 4M-float vectors.
+SIN_MUL_REFERENCE = ADD_REFERENCE.replace("x + y", "torch.sin(x) * y").replace("1 << 20", "1 << 22")
+# At import the candidate points the function pointer of ctypes.memmove (the runner's `_memmove`, whose object
+# stays the same, so the guard sees nothing) at a callback of its own. It times the first refills' real copies,
+# then in timed blocks skips each refill's copies and spends their measured cost computing the start of that call's
+# answer from the drawn set (`_time_drawn`'s locals); the call computes the rest. Everywhere else the real copy
+# runs, so every checked output is right. A red-team pass: correct with no flag at 1.50-1.94x (strict) and
+# 1.28-1.62x (process), honest copies 0.84-1.17x on the same machine.
+REWRITES_THE_RUNNERS_MEMMOVE = """
+import ctypes, statistics, sys, time
+import torch
+
+SHARE = 1.0
+CALIBRATE = 8
+CHUNKS = 64
+_SIG = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+_slot = ctypes.c_void_p.from_address(ctypes.addressof(ctypes.memmove))
+_real = _SIG(_slot.value)
+_PENDING = {}
+_SEEN = []
+_clock = time.perf_counter
+
+
+def _op(a, b, out):
+    torch.mul(torch.sin(a), b, out=out)
+
+
+def _timed_frame(frame):
+    while frame is not None and frame.f_code.co_name != "_time_drawn":
+        frame = frame.f_back
+    return frame
+
+
+def _fake(dst, src, n):
+    caller = sys._getframe(1)
+    if caller.f_back is not None and caller.f_back.f_code.co_name == "_moved":
+        timed = _timed_frame(caller)
+        values = None if timed is None else timed.f_locals.get("values")
+        if values is not None and len(values) == 2:
+            if len(_SEEN) < 2 * CALIBRATE:
+                start = _clock()
+                _real(dst, src, n)
+                _SEEN.append(_clock() - start)
+                return dst
+            if src != values[1].data_ptr():
+                return dst
+            budget = SHARE * 2 * statistics.median(_SEEN)
+            start = _clock()
+            x, y = values
+            out = torch.empty_like(x)
+            step = -(-x.numel() // CHUNKS)
+            done = 0
+            while done < x.numel() and _clock() - start < budget:
+                end = min(done + step, x.numel())
+                _op(x[done:end], y[done:end], out[done:end])
+                done = end
+            _PENDING[src] = (out, done)
+            return dst
+    return _real(dst, src, n)
+
+
+_FAKE = _SIG(_fake)
+_slot.value = ctypes.cast(_FAKE, ctypes.c_void_p).value
+
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+
+    def forward(self, x, y):
+        timed = _timed_frame(sys._getframe(1))
+        if timed is None:
+            out = torch.empty_like(x)
+            _op(x, y, out)
+            return out
+        a, b = timed.f_locals["values"]
+        out, done = _PENDING.pop(b.data_ptr(), (None, 0))
+        if out is None:
+            out = torch.empty_like(a)
+        if done < a.numel():
+            _op(a[done:], b[done:], out[done:])
+        return out
+"""
+
+
+@pytest.mark.xfail(
+    reason="open: the runner's memmove pointer is in the candidate's writable memory; only a trusted process that "
+    "fills the buffers closes it (docs/evaluator.md, Not covered)",
+    strict=False,  # its speed on a loaded machine varies: a run can fall under the bound without any fix
+)
+def test_a_rewritten_memmove_buys_no_speed(any_client: httpx.Client) -> None:
+    result = evaluate(any_client, REWRITES_THE_RUNNERS_MEMMOVE, SIN_MUL_REFERENCE, timing_trials=20, device="cpu")
+    assert result["status"] != "correct" or result["speedup"] < 1.3, result
+
+
 # Against ADD_REFERENCE: a torch function mode, pushed at import, wraps every tensor drawn for a timed block in an
 # object of its own, which is neither a tensor nor a number: the refill handed such values to the call as drawn, so
 # each call's inputs lay in memory no later refill wrote over. A timed call adds a fifth of the elements and returns
