@@ -142,8 +142,10 @@ def aliased_pages(pid: int) -> list[str]:
             lines = maps.read().splitlines()
     except PermissionError:
         raise UnreadableMemory("the job made its memory map unreadable to the judge") from None
-    seen: dict[tuple[str, str], list[tuple[int, int, str]]] = {}  # backing: (first, last offset, address range)
-    aliased = []
+    # Each backing's mappings by offset: a mapping that starts before the furthest end so far shares its pages.
+    # Sorted rather than compared pairwise: a red-team candidate's 31,000 one-page mappings of one memfd took a
+    # pairwise scan 10.8 s of the service's CPU per read, in a thread no timeout cancels.
+    by_backing: dict[tuple[str, str], list[tuple[int, int, str, str]]] = {}
     for line in lines:
         fields = line.split(maxsplit=5)
         path = fields[5] if len(fields) > 5 else ""
@@ -151,13 +153,17 @@ def aliased_pages(pid: int) -> list[str]:
             continue
         low, high = (int(bound, 16) for bound in fields[0].split("-"))
         first = int(fields[2], 16)
-        backing = (fields[3], fields[4])
-        last = first + high - low
-        for other_first, other_last, other in seen.get(backing, []):
-            if first < other_last and other_first < last:
-                aliased.append(f"{' '.join(fields)} (the pages of {other})")
-                break
-        seen.setdefault(backing, []).append((first, last, fields[0]))
+        by_backing.setdefault((fields[3], fields[4]), []).append(
+            (first, first + high - low, fields[0], " ".join(fields))
+        )
+    aliased = []
+    for mappings in by_backing.values():
+        reach, reached_by = -1, ""
+        for first, last, addresses, described in sorted(mappings):
+            if first < reach:
+                aliased.append(f"{described} (the pages of {reached_by})")
+            if last > reach:
+                reach, reached_by = last, addresses
     return aliased
 
 
