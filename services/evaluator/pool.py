@@ -606,8 +606,8 @@ class WorkerPool:
             self._warned_device_hash = True
             log.warning("GPU outputs are hashed on the host: %s", str(event["device_hash_unavailable"])[:500])
 
-    def _child_env(self, home: Path, device: str, gpu: str | None, threads: int) -> dict[str, str]:
-        env = sandbox.child_env(home, self.settings.build_jobs, threads, device=device)
+    def _child_env(self, home: Path, gpu: str | None, threads: int) -> dict[str, str]:
+        env = sandbox.child_env(home, self.settings.build_jobs, threads)
         if gpu is not None:
             # One GPU per worker; the worker sees it as cuda:0.
             env["CUDA_VISIBLE_DEVICES"] = gpu
@@ -668,7 +668,7 @@ class WorkerPool:
                     stderr=stdio,
                     cwd=home,
                     pass_fds=(write_fd,) if worker_end is None else (write_fd, worker_end.fileno()),
-                    env=self._child_env(home, device, gpu, threads),
+                    env=self._child_env(home, gpu, threads),
                     start_new_session=True,
                 )
             except BaseException:

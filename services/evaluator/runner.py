@@ -634,6 +634,8 @@ def serve_timing(
     Correctness checks and timed calls go through this one path, so a candidate cannot tell which of its calls are
     checked. Digests, saves and the end of the job report what the guard found replaced."""
     backend = context.backend
+    if backend.name == "cpu":
+        sandbox.keep_large_blocks_in_heap()
     outputs: list[Any] = []
     outputs_like: list[Any] | None = None
     while True:

@@ -146,16 +146,12 @@ ENV_OWN = frozenset({"TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_
 # depended on the process's heap history: the output digest of identical code took 5.2-5.6 ms a block in one worker
 # (944 page faults each) against 3.0 ms in the other (none), either side the slower, and an honest C++ candidate was
 # rejected for work moved into the digest. What the heap keeps is within the job's peak, which its memory limit
-# allowed. In a CPU worker blocks over the threshold come from the heap too (MALLOC_MMAP_MAX_=0): mapped on their own,
-# each was faulted in afresh at every use, and a candidate that told its own malloc not to map any
-# (`mallopt(M_MMAP_MAX, 0)` at import, one line) had its 64 MiB outputs reuse resident pages where the reference's
-# timer faulted in each one: `correct` at 1.5-3.0x for an unchanged `x + y`. Each setting a process may change is set
-# to what costs least, so changing it buys nothing (for the same reason nothing at the top is given back: a cap of
-# 1 GiB there left outputs over 1 GiB faulted in afresh at every call but for a candidate that raised it). The price:
-# freed memory below the heap's top is kept too, so a job whose large blocks do not fit the holes earlier ones left
-# can hold more than its peak of live memory.
+# allowed. Larger blocks stay mapped on their own here; a CPU worker's timing takes them from the heap too
+# (keep_large_blocks_in_heap).
 MMAP_THRESHOLD_BYTES = 32 << 20
 TRIM_THRESHOLD_BYTES = 1 << 62
+# glibc's mallopt parameter (malloc.h): how many blocks malloc may map on their own.
+M_MMAP_MAX = -4
 
 
 @dataclass(frozen=True)
@@ -219,10 +215,8 @@ def tool_env(source: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def child_env(
-    home: Path, build_jobs: int, threads: int, source: dict[str, str] | None = None, device: str = "cpu"
-) -> dict[str, str]:
-    """The environment of a worker for `device`: an allow-list of the service's, minus secrets, plus private paths."""
+def child_env(home: Path, build_jobs: int, threads: int, source: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a worker: an allow-list of the service's, minus secrets, plus private paths."""
     source = dict(os.environ if source is None else source)
     env = {name: value for name, value in source.items() if _allowed(name) and name not in ENV_OWN}
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
@@ -258,12 +252,24 @@ def child_env(
             "PYTHONUNBUFFERED": "1",
         }
     )
-    if device == "cpu":
-        # Only where tensors are host memory: a CUDA worker's large host blocks are the model's parameters, built on
-        # the host and moved to the device, which a heap would keep for the worker's life (8 GiB for KernelBench's
-        # 3/2 ShallowWideMLP); its timed calls allocate device memory, which glibc's settings do not touch.
-        env["MALLOC_MMAP_MAX_"] = "0"
     return env
+
+
+def keep_large_blocks_in_heap() -> None:
+    """From here on, blocks over MMAP_THRESHOLD_BYTES come from the heap too and stay there once freed: called as a
+    CPU worker starts timing, on both sides. Mapped on their own, each was faulted in afresh at every use, and a
+    candidate that told its own malloc not to map any (`mallopt(M_MMAP_MAX, 0)` at import, one line) had its 64 MiB
+    outputs reuse resident pages where the reference's timer faulted in each one: `correct` at 1.5-3.0x for an
+    unchanged `x + y`. Each setting a process may change is set to what costs least, so changing it buys nothing
+    (for the same reason nothing at the heap's top is given back: a cap of 1 GiB there left outputs over 1 GiB
+    faulted in afresh at every call but for a candidate that raised it).
+
+    Only for timing: torch's blocks are aligned (posix_memalign), and glibc's heap often does not reuse the room
+    freed aligned blocks left for the next ones. Set from a worker's start, the reference role's five trials of
+    192 MiB inputs grew its address space by 0.4-0.6 GiB a trial, past a 2 GiB limit (a CI failure); a loop of three
+    192 MiB blocks, allocated and freed, stayed at 0.6 GiB with malloc and reached 2.5 GiB with 64-byte alignment.
+    A CUDA worker's timed calls allocate device memory, which this does not touch."""
+    _libc().mallopt(M_MMAP_MAX, 0)
 
 
 def _mount(libc: ctypes.CDLL, source: str | None, target: str, fstype: str | None, flags: int, data: str = "") -> None:

@@ -81,6 +81,9 @@ libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
 libc.mallinfo2.restype = Mallinfo2
+if sys.argv[2] == "timing":
+    from services.evaluator.sandbox import keep_large_blocks_in_heap
+    keep_large_blocks_in_heap()
 block = libc.malloc(int(sys.argv[1]) << 20)
 mapped = libc.mallinfo2().hblkhd
 libc.free(block)
@@ -89,19 +92,29 @@ print(json.dumps({"mapped": mapped, "kept": libc.mallinfo2().keepcost}))
 
 
 @pytest.mark.parametrize("mib", [4, 64, 1536])
-def test_a_workers_malloc_keeps_freed_blocks_in_its_heap(tmp_path: Path, mib: int) -> None:
+def test_a_timing_workers_malloc_keeps_freed_blocks_in_its_heap(tmp_path: Path, mib: int) -> None:
     """By glibc's defaults a 4 MiB block is mapped on its own and unmapped when freed (and later the heap's top is
     given back whenever more than twice the last such block lies free there), so its pages are faulted in afresh
-    at its next use; with a worker's settings it comes from the heap and stays there, resident. So does a block
-    beyond the largest mmap threshold glibc takes (32 MiB): a red-team candidate whose only change was
-    `mallopt(M_MMAP_MAX, 0)` at import had its 64 MiB outputs reuse resident heap pages where the reference's timer
-    mapped and faulted in each afresh, and scored `correct` at 1.5-3.0x for an unchanged `x + y`. A block over 1 GiB
-    is kept too (the heap's top was given back beyond 1 GiB, so only a candidate that raised that cap kept it).
-    Nothing here touches the block's pages: it costs address space only."""
-    block = _run_with_workers_memory_settings(_BLOCK, tmp_path, argv=(str(mib),))
+    at its next use; with a worker's settings it comes from the heap and stays there, resident. Once a CPU worker
+    times, so does a block beyond the largest mmap threshold glibc takes (32 MiB): a red-team candidate whose only
+    change was `mallopt(M_MMAP_MAX, 0)` at import had its 64 MiB outputs reuse resident heap pages where the
+    reference's timer mapped and faulted in each afresh, and scored `correct` at 1.5-3.0x for an unchanged `x + y`.
+    A block over 1 GiB is kept too (the heap's top was given back beyond 1 GiB, so only a candidate that raised that
+    cap kept it). Nothing here touches the block's pages: it costs address space only."""
+    block = _run_with_workers_memory_settings(_BLOCK, tmp_path, argv=(str(mib), "timing"))
     assert block["mapped"] == 0
     assert block["kept"] >= mib << 20
-    assert _run_with_workers_memory_settings(_BLOCK, tmp_path, settings=False, argv=(str(mib),))["mapped"] > 0
+    assert _run_with_workers_memory_settings(_BLOCK, tmp_path, settings=False, argv=(str(mib), "-"))["mapped"] > 0
+
+
+@pytest.mark.parametrize("mib", [4, 64, 1536])
+def test_a_worker_maps_its_large_blocks_on_their_own_until_it_times(tmp_path: Path, mib: int) -> None:
+    """Outside timing (the reference role's trials, the candidate's correctness trials) a block over 32 MiB is
+    mapped on its own and given back when freed: taken from the heap, torch's aligned blocks left room the next ones
+    did not reuse, and five trials of 192 MiB inputs took the reference role past a 2 GiB memory limit
+    (test_memory.py). Smaller blocks come from the heap as in timing."""
+    block = _run_with_workers_memory_settings(_BLOCK, tmp_path, argv=(str(mib), "-"))
+    assert (block["mapped"] == 0) if mib < 32 else (block["mapped"] >= mib << 20)
 
 
 # Page faults of each of 40 digests of one block's outputs in a fresh process (a worker's: one torch thread).
