@@ -9,6 +9,7 @@ import hashlib
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -435,4 +436,13 @@ async def run_episodes(
         candidates = await _implement_turns(services, problems, states, turns)
         await _evaluate_turns(services, problems, states, turns, candidates, input_seed, evaluations)
         all_turns.extend(turns)
+        # An update's progress bar moves once all its turns are done, which on a CPU can take many minutes.
+        log.info("turn %d of %d: %s", t + 1, max_turns, turn_outcomes(turns))
     return all_turns
+
+
+def turn_outcomes(turns: Sequence[Turn]) -> str:
+    """How many samples ended each way, e.g. `correct 2, incorrect 1, no_code 1`: the evaluator's verdict where a
+    kernel was evaluated, else the implementer's status."""
+    counts = Counter(turn.verdict or turn.implement_status for turn in turns)
+    return ", ".join(f"{outcome} {count}" for outcome, count in counts.most_common())

@@ -116,6 +116,24 @@ def test_failure_modes_rewards_and_state(tokenizer):
     assert "" not in sources  # the empty suggestion never reached the implementer
 
 
+def test_each_turn_is_reported_as_it_ends(tokenizer, caplog):
+    settings = ServiceSettings("cuda", "auto", 5, 1, 1, False, None, True, RewardValues())
+    services = Services(
+        ReplicaPool(["i"], lambda _: ScriptedImplementer()), ReplicaPool(["e"], lambda _: ScriptedEvaluator()), settings
+    )
+    suggestions = iter([["fast", "nocode", "fast", "evalfail"], ["", "fast", "down", "fast"]])
+
+    def generate(prompts):
+        return [([7, 2], text, True) for text in next(suggestions)]
+
+    with caplog.at_level("INFO", logger="services.trainer.episodes"):
+        asyncio.run(run_episodes([FakeProblem()], 4, 2, tokenizer, generate, services, 1024))
+    assert [record.getMessage() for record in caplog.records if record.getMessage().startswith("turn ")] == [
+        "turn 1 of 2: correct 2, no_code 1, evaluator_error 1",
+        "turn 2 of 2: correct 2, empty_suggestion 1, upstream_error 1",
+    ]
+
+
 def test_reference_renamed_as_a_candidate():
     renamed = reference_as_candidate(REFERENCE)
     assert "class ModelNew(torch.nn.Module)" in renamed and "super(ModelNew, self)" in renamed
