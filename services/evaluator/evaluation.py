@@ -586,7 +586,8 @@ class Judge:
             yield
             return
         call_bytes = _nbytes(self.reference.expected[0]) + _nbytes(self.reference.inputs[0])
-        # A timed block holds every call's inputs and outputs, and one more set of input buffers (InputSets).
+        # A timed block holds every call's inputs and outputs, and one call's more for what a call makes beyond its
+        # output (temporaries) and the re-check's set.
         block_bytes = (self.max_block_calls + 1) * call_bytes
         peak = self.reference.device_peak_bytes
         what = (
@@ -1005,7 +1006,7 @@ class Judge:
                 reference.append(await self._block(timer, seeds, digest_seed=seed))
         reference_ms = [ms for block in reference for ms in block.ms]
         # Both sides run blocks of the same calls, sized from the reference's (trusted) time, so the time the
-        # judge sees beyond the reported times has the same parts on both sides (the pipe, the refills).
+        # judge sees beyond the reported times has the same parts on both sides (the pipe, the inputs' checks).
         per_call_ms = max(1e-4, min(reference_ms))  # the first calls are cold
         min_sample_ms = self.settings.min_sample_ms or (
             MIN_SAMPLE_MS_GPU if self.gpu is not None else MIN_SAMPLE_MS_CPU
@@ -1225,7 +1226,8 @@ class Judge:
         except OSError:
             return None  # the job's processes are gone: its next command fails
         if aliased:
-            # The refills' buffers may lie on pages mapped many times over (held_memory.aliased_pages).
+            # Memory the worker maps many times over (held_memory.aliased_pages): a red-team candidate's did so to
+            # make the input buffers' refills (since removed) cheaper than the reference timer's.
             self.run_state.flags["result_tampering"] = (
                 f"the worker mapped the same shared pages writable at more than one address: {aliased[0][:300]}"
             )
@@ -1491,8 +1493,8 @@ def hides_work(reference: list[Block], candidate: list[Block]) -> str:
     reference's do, beyond chance and beyond the slack (_slower_beyond_chance), by the judge's clock or by the wall
     clock; or "".
 
-    Both sides run the same calls on the same buffers, so what the clocks see beyond the reported times (the pipe,
-    refills, being scheduled) has one distribution on both sides; load moves single blocks, not the ranks of all of
+    Both sides run the same calls on the same inputs, so what the clocks see beyond the reported times (the pipe,
+    the inputs' checks, being scheduled) has one distribution on both sides; load moves single blocks, not the ranks of all of
     them. On a CPU the judge's clock is CPU time, which a helper process that exits before the reply takes with it:
     a red-team candidate whose helpers computed its outputs after each timed call returned (its main thread asleep
     meanwhile) left the CPU clock nothing to see and scored correct at 1.9-8.8x; the block's wall time sees that
@@ -1570,8 +1572,8 @@ def slower_outside_calls(reference: list[Block], candidate: list[Block], threads
     ):
         for step, value in steps:
             ours, theirs = [value(b) for b in candidate], [value(b) for b in reference]
-            # The slack is at least hides_work's (5 % of the block: an honest candidate's refills may cost it a
-            # little more than the reference's in every block), and never below CLOCKED_SHARE of the candidate's
+            # The slack is at least hides_work's (5 % of the block: an honest candidate's steps around its calls may
+            # cost it a little more than the reference's in every block), and never below CLOCKED_SHARE of the candidate's
             # block, the room a report has anyway (judge_room_s): less work moved buys at most
             # 1 / (1 - CLOCKED_SHARE) of speed.
             scale = max(statistics.median(ours), block_s)
@@ -1708,8 +1710,8 @@ def room_share(blocks: dict[str, list[Block]]) -> float:
 def judge_clocked_ms(reference: list[Block], candidate: list[Block]) -> list[float] | None:
     """The candidate's per-call samples by the judge's clock, where its report is faster than that clock allows.
 
-    A block by the judge's clock less the reference's median overhead (the pipe, the refills: the same on both
-    sides) is an estimate of the candidate's time for the block. A report below it by more than
+    A block by the judge's clock less the reference's median overhead (the pipe, the inputs' checks: the same on
+    both sides) is an estimate of the candidate's time for the block. A report below it by more than
     `judge_room_s` is not believed, and the judge's estimate replaces it. None when the report holds."""
     overhead = statistics.median(b.unexplained_s for b in reference)
     reported = statistics.median(sum(b.ms) / 1e3 for b in candidate)

@@ -131,10 +131,11 @@ def read_hash(pid: int, regions: list[list[int]], max_bytes: int, readable: bool
 def aliased_pages(pid: int) -> list[str]:
     """The stopped worker's writable shared mappings (/proc/<pid>/maps) that put the same backing pages (a file, a
     memfd, shared anonymous memory: device and inode, with the offset range) at more than one address. Mapped over
-    and over onto one small memfd, a red-team candidate's refill buffers wrote the same few cache-resident pages at
-    every refill (the buffers left holding garbage; its calls read the drawn sets instead), and the time that saved,
-    which the judge takes as the same on both sides, paid for a second thread (`correct` at 1.6-1.9x with no flag in
-    both levels against an add of two 16 MB vectors). A shared mapping as such is no sign: torch.compile's worker
+    and over onto one small memfd, a red-team candidate's refill buffers (every call once took one set of input
+    buffers, refilled before it) wrote the same few cache-resident pages at every refill (the buffers left holding
+    garbage; its calls read the drawn sets instead), and the time that saved, which the judge takes as the same on
+    both sides, paid for a second thread (`correct` at 1.6-1.9x with no flag in both levels against an add of two
+    16 MB vectors). A shared mapping as such is no sign: torch.compile's worker
     maps a POSIX semaphore, and a helper process may hand results over through shared memory (the judge's clock
     holds that). NVIDIA's device files are left out: their offsets are not pages of one object."""
     try:

@@ -58,7 +58,7 @@ from services.evaluator import (
 from services.evaluator.backends import KernelBackend, get_backend, triton_support
 from services.evaluator.guards import Guard
 
-# Bound before any candidate code runs: what outputs are written and inputs read and refilled with.
+# Bound before any candidate code runs: what outputs are written and inputs read with.
 _save = torch.save
 _load = torch.load
 _as_subclass = torch.Tensor.as_subclass
@@ -69,7 +69,7 @@ _no_torch_function = torch._C.DisableTorchFunction
 _key_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
 _exclude_key = torch._C._dispatch_tls_set_dispatch_key_excluded
 _PYTHON_KEYS = (torch._C.DispatchKey.Python, torch._C.DispatchKey.PythonTLSSnapshot)
-# Copies that no kernel of the candidate's can stand in for (_moved, _copy_of): torch's copy and clone run whatever
+# Copies that no kernel of the candidate's can stand in for (_copy_of): torch's copy and clone run whatever
 # kernel is registered for them, and a candidate can register its own (torch.library, or C++). On a CPU a memmove; on
 # a GPU the CUDA driver's copy, in the order of torch's current stream.
 _memmove = ctypes.memmove
@@ -516,12 +516,16 @@ def _guard(context: WorkerContext) -> Guard:
 
 
 class InputSets:
-    """The next block's inputs, and one set of buffers every call reads from.
+    """The next block's inputs, one set per call, each set handed to its call as drawn.
 
     A timed block's inputs are drawn with the reference's `get_inputs` from seeds the judge sends just before it,
-    one set per call; the re-check's are a set the service handed over as a file. Before each call the buffers are
-    refilled with the call's values: the candidate always sees the same tensor objects and data pointers holding
-    different data, so an answer cached per buffer is stale."""
+    one set per call; the re-check's are a set the service handed over as a file, or drawn from a trial's seed. Each
+    call takes its own set, checked (`checked`) and never copied: no step of the runner's moves inputs between a
+    block's calls, so there is none a candidate's process could make cheaper than the reference's timer makes it and
+    spend the time saved on its answers. Until each call was refilled into one set of buffers, red-team candidates
+    did so through every road to that copy: their own kernel for torch's copy, draws of one element or stride 0 of
+    the reference's shapes, the buffers mapped onto a few shared pages, and the runner's `memmove` pointed at code of
+    their own (`correct` at 1.3-2.2x with no flag, each)."""
 
     def __init__(
         self, context: WorkerContext, get_inputs: Callable[[], Any], kinds: list[list[Any]] | None = None
@@ -529,10 +533,9 @@ class InputSets:
         self.context = context
         self.get_inputs = get_inputs
         # The candidate's worker: the kinds of the reference's input sets (evaluation.ReferenceData.input_kinds),
-        # which every set refilled for a call must be one of.
+        # which every set handed to a call must be one of.
         self.kinds = kinds
         self.drawn: list[list[Any]] = []
-        self.buffers: list[Any] | None = None
 
     def draw_all(self, seeds: list[int]) -> None:
         self.drawn = []  # the last block's sets are freed first
@@ -558,59 +561,32 @@ class InputSets:
             trial_inputs(backend, self.get_inputs, int(command["trial_seed"]), command.get("signed") is True)
         )
 
-    def refill(self, values: list[Any], within_block: bool = False) -> list[Any]:
-        """The buffers, holding `values` now. `within_block`: a block's second set or later, which must have the
-        last set's shapes, dtypes and devices."""
+    def checked(self, values: list[Any]) -> list[Any]:
+        """`values` as a call takes them, plain tensors and numbers, just before the call (the launching thread back
+        on its core first)."""
         self.context.pin_threads()
-        self.buffers = _without_candidate_hooks(lambda: self._copied_in(values, within_block))
-        self.context.backend.synchronize()
-        return self.buffers
+        return _without_candidate_hooks(lambda: self._checked(values))
 
-    def _copied_in(self, values: list[Any], within_block: bool) -> list[Any]:
-        # Every drawn tensor is copied, as a plain tensor, into memory of the runner's; none is handed to a call as
-        # drawn. A red-team candidate's torch function mode made its draws subclasses, which the refill adopted as
-        # they were: each call then ran on memory no later refill wrote, computed a fifth of its answer, and left
-        # the rest to its own code run after the block's calls (correct at 2.0-2.2x against an add of two vectors).
+    def _checked(self, values: list[Any]) -> list[Any]:
+        # A plain tensor over the drawn memory: a red-team candidate's torch function mode made its draws subclasses,
+        # whose methods (`.contiguous()` of a call's output, after the calls) did work it had deferred past them.
         values = [_as_plain(value) if isinstance(value, _Tensor) else value for value in values]
         if any(not isinstance(value, _Tensor) and type(value) not in _NUMBERS for value in values):
-            # Handed to the call as drawn, such an object would hold memory no refill writes over: a red-team
-            # candidate's mode wrapped its draws in objects of its own, to defer work past the calls.
+            # A red-team candidate's mode wrapped its draws in objects of its own, whose code ran in the call.
             raise RuntimeError("a drawn input is neither a tensor nor a number (a problem's get_inputs returns those)")
-        # Described on both sides, the reference's timer too, so that the check costs both sides' refills alike:
-        # the judge reads a difference in time outside the calls as work moved out of them.
+        # Checked on both sides, the reference's timer too, so that the checks cost both sides alike: the judge reads
+        # a difference in time outside the calls as work moved out of them.
         described = _described(values)
         on_device = all(v.device.type == self.context.backend.name for v in values if isinstance(v, _Tensor))
         filled = all(held_memory.dense(v) for v in values if isinstance(v, _Tensor))
         if self.kinds is not None and (described not in self.kinds or not on_device):
-            # A red-team candidate's mode kept each drawn tensor and handed the draw one element of it: its refills
-            # then cost it nothing, where the reference's timer moved every byte, and the time that saved hid seven
-            # tenths of each answer done after its calls (correct at 1.9-2.0x, no flag, in 2 of 8 strict runs).
+            # A red-team candidate's mode kept each drawn tensor and handed the draw one element of it (its refills,
+            # when calls were refilled into buffers, then moved 4 bytes where the reference's timer moved 8 MB).
             raise RuntimeError("a drawn set has other shapes, dtypes or devices than the reference's inputs")
         if self.kinds is not None and not filled:
-            # Another's draws were stride-0 expansions of one element, of the reference's shapes: each refill then
-            # moved 4 bytes where the reference's moved every input, and the time saved hid six tenths of each
-            # answer done after its calls (correct at 1.3-1.9x in both levels against sin(x) * y).
+            # Another's draws were stride-0 expansions of one element, of the reference's shapes.
             raise RuntimeError("a drawn input's elements overlap or leave gaps (a drawn tensor fills its memory)")
-        if within_block and self.buffers is not None and _kinds(values) != _kinds(self.buffers):
-            # A set of another kind gets memory of its own, which no later refill writes over: the call's inputs
-            # would outlive the block's next call, and work deferred past the calls could read them. Only the
-            # candidate's own code, in its draw, changes kinds within a block (the reference's draws one kind).
-            raise RuntimeError("a drawn input has another shape, dtype or device than the block's last set's")
-        if self.buffers is None:
-            return [_copy_of(value) if isinstance(value, _Tensor) else value for value in values]
-        buffers = self.buffers
-        for index, value in enumerate(values):
-            buffer = buffers[index]
-            if _moved(buffer, value):
-                continue
-            if isinstance(value, _Tensor):
-                if isinstance(buffer, _Tensor) and _same_kind(buffer, value):
-                    # Only a draw the candidate's own code reshaped lays one input out otherwise from set to set.
-                    raise RuntimeError("a drawn input is laid out otherwise than the last set's")
-                buffers[index] = _copy_of(value)  # a block's first set, of another kind than the last block's
-            else:
-                buffers[index] = value
-        return buffers
+        return values
 
 
 def serve_timing(
@@ -620,7 +596,7 @@ def serve_timing(
     outside, on both sides, and compares.
 
     `draw`: draw the next block's inputs, one set per seed. `block`: one timed call per drawn set (or on the
-    handed-over set `set`), each on refilled buffers; the reply carries every call's milliseconds, on a GPU the
+    handed-over set `set`), each on its own set; the reply carries every call's milliseconds, on a GPU the
     sketch of every call's whole output (output_digest: what a later `save` is held to), on a CPU where each output
     lies in memory (the judge reads the one it will check itself: held_memory) and the judge's nonce; the judge keeps
     the reported numbers only where its clock agrees. `digest`: a digest of the last block's outputs under weights
@@ -672,7 +648,7 @@ def serve_timing(
                     # The runner's own steps after the calls, with torch's Python hooks off: a red-team candidate's
                     # mode did the work it had deferred past its calls in the first of them to touch a tensor.
                     aliased, outputs, sketches, regions = _without_candidate_hooks(
-                        functools.partial(_after_the_calls, backend, outputs, inputs.buffers)
+                        functools.partial(_after_the_calls, backend, outputs)
                     )
             except BaseException:
                 context.emit("error", stage="timing", message=traceback.format_exc())
@@ -709,7 +685,7 @@ def serve_timing(
                 return
             context.emit("trial", nonce=command["nonce"], inputs_sketch=sketch)
         elif op == "profile":
-            launched = gpu_checks.launched_kernel_names(model, inputs.refill(inputs.one_set(command)))
+            launched = gpu_checks.launched_kernel_names(model, inputs.checked(inputs.one_set(command)))
             context.emit("profiled", nonce=command["nonce"], kernels=launched)
         else:
             context.emit("done", replaced=_replaced(guard))
@@ -719,13 +695,13 @@ def serve_timing(
 
 
 def _after_the_calls(
-    backend: KernelBackend, outputs: list[Any], buffers: list[Any] | None
+    backend: KernelBackend, outputs: list[Any]
 ) -> tuple[bool, list[Any], list[str] | None, list[list[list[int]]] | None]:
     """Whether the block's outputs share memory a later call writes (_reused_by_later_calls), the outputs, and on a
     GPU their sketches, on a CPU where they lie. On a CPU the judge reads the checked output from this process's
     memory itself (held_memory): the sketch, which costs both sides' blocks time on the clock, is needed only on a
     GPU."""
-    aliased = _reused_by_later_calls(outputs, buffers)
+    aliased = _reused_by_later_calls(outputs)
     if backend.name == "cpu":
         outputs = [_as_laid_out(output_digest.plain(out)) for out in outputs]
         return aliased, outputs, None, [_regions(out) for out in outputs]
@@ -735,7 +711,7 @@ def _after_the_calls(
 def _time_drawn(
     backend: KernelBackend, model: Any, inputs: InputSets, copy: bool = False
 ) -> tuple[list[float], list[Any]]:
-    """A timed call on each drawn set, each on refilled buffers; with `copy`, each output copied as its call returns,
+    """A timed call on each drawn set, each on its own set; with `copy`, each output copied as its call returns,
     within the call's time on both sides, for a side whose calls write into memory a later call writes again. Outside
     it the copy was a step no clock held to its honest cost: a red-team candidate that kept its output buffer (which
     turns the copies on) computed half of each answer in the call and half in the copy, through a torch function mode,
@@ -749,8 +725,8 @@ def _time_drawn(
 
     times, outputs = [], []
     call = copied_call if copy else model
-    for index, values in enumerate(inputs.drawn):
-        milliseconds, out = backend.time_call(call, inputs.refill(values, within_block=index > 0))
+    for values in inputs.drawn:
+        milliseconds, out = backend.time_call(call, inputs.checked(values))
         times.append(milliseconds)
         outputs.append(out)
     inputs.drawn = []
@@ -759,9 +735,10 @@ def _time_drawn(
 
 def _without_candidate_hooks(step: Callable[[], Any]) -> Any:
     """`step()` with torch's Python hooks off (torch function and dispatch modes, subclasses' `__torch_function__`
-    and `__torch_dispatch__`), so that the runner's own copies (the refills, the outputs' copies) run no code of the
-    candidate's that way. A kernel the candidate registered for an aten operator (torch.library) still runs, which
-    is why on a CPU they are memmoves (_copy_of, _moved); on a GPU it is a limit (docs/evaluator.md)."""
+    and `__torch_dispatch__`), so that the runner's own steps (the inputs' checks, the outputs' copies) run no code
+    of the candidate's that way. A kernel the candidate registered for an aten operator (torch.library) still runs,
+    which is why the copies move bytes without torch (_copy_of); on a GPU the steps after the calls that lay an
+    output out are a limit (docs/evaluator.md)."""
     before = [_key_excluded(key) for key in _PYTHON_KEYS]
     for key in _PYTHON_KEYS:
         _exclude_key(key, True)
@@ -828,25 +805,6 @@ def _viewed(block: torch.Tensor, like: torch.Tensor, stride: tuple[int, ...]) ->
     return view
 
 
-def _moved(destination: Any, source: Any) -> bool:
-    """Whether the source's elements were copied into the destination by one move of the bytes they span
-    (_move_bytes): tensors of one device, dtype, shape and strides (a refill of the input buffers). In the refills a
-    red-team candidate's own kernel for torch's copy skipped half of each input, which its call then never read, and
-    computed half of the answer in the time that left: correct at 2.0-2.2x against a reference adding two 16 MB
-    vectors."""
-    if not (type(destination) is _Tensor and type(source) is _Tensor):
-        return False
-    if not _same_kind(destination, source) or destination.stride() != source.stride():
-        return False
-    spans = _span(source)
-    if spans:
-        start, end = spans[0]
-        if _overlap(destination.data_ptr(), start, end - start):
-            raise RuntimeError("a drawn input lies in the buffer it is refilled into")  # a refill onto itself, free
-        _move_bytes(destination, start, end - start)
-    return True
-
-
 # The values other than tensors a draw may hold, by exact type: immutable, so nothing can be deferred through them.
 _NUMBERS = (int, float, bool, complex, type(None))
 
@@ -855,16 +813,6 @@ def _described(values: list[Any]) -> list[Any]:
     """Each value's dtype and shape where it is a tensor (None where not), as the judge describes the reference's
     input sets (evaluation.ReferenceData.input_kinds)."""
     return [[str(v.dtype), list(v.shape)] if isinstance(v, _Tensor) else None for v in values]
-
-
-def _kinds(values: list[Any]) -> list[tuple[Any, ...] | None]:
-    """Each value's device, dtype and shape where it is a tensor (None where not): what a block's sets share."""
-    return [(v.device, v.dtype, v.shape) if isinstance(v, _Tensor) else None for v in values]
-
-
-def _same_kind(one: torch.Tensor, other: torch.Tensor) -> bool:
-    """One device, dtype and shape: what a refill may move one into the other by their bytes, if laid out alike."""
-    return (one.device, one.dtype, one.shape) == (other.device, other.dtype, other.shape)
 
 
 def _move_bytes(destination: torch.Tensor, source: int, count: int) -> None:
@@ -886,17 +834,15 @@ def _overlap(destination: int, source: int, count: int) -> bool:
     return destination < source + count and source < destination + count
 
 
-def _reused_by_later_calls(outputs: list[Any], buffers: list[Any] | None) -> bool:
-    """Whether a call's output lies in memory that a later call of the block writes again: another call's output
-    (a persistent output buffer returned by every call), or, in a block of more than one call, the input buffers
-    every call is refilled into (a view of an input). That output then holds a later call's values by the block's
-    end, and a check of its call would compare the later call's answer. Byte ranges, not storages: disjoint slices
-    of one storage, one per call, are each their call's. Each call's ranges (the input buffers' as one more) are
-    merged first, so any range that starts before the end of an earlier one belongs to another call: one sort,
-    whatever the block's length (blocks hold up to thousands of calls)."""
+def _reused_by_later_calls(outputs: list[Any]) -> bool:
+    """Whether a call's output lies in memory that a later call of the block writes again: another call's output (a
+    persistent output buffer returned by every call, a ring of them). That output then holds a later call's values
+    by the block's end, and a check of its call would compare the later call's answer. A view of a call's own inputs
+    is its own: every call has a set of its own. Byte ranges, not storages: disjoint slices of one storage, one per
+    call, are each their call's. Each call's ranges are merged first, so any range that starts before the end of an
+    earlier one belongs to another call: one sort, whatever the block's length (blocks hold up to thousands of
+    calls)."""
     groups = [out if isinstance(out, list | tuple) else [out] for out in outputs]
-    if len(outputs) > 1:
-        groups.append(buffers or [])
     ranges = sorted(merged for group in groups for merged in _merged([t for t in group if isinstance(t, _Tensor)]))
     furthest = 0
     for start, end in ranges:
@@ -931,10 +877,10 @@ def _time_one_set(
 ) -> tuple[list[float], list[Any]]:
     """The re-check's one timed call, on the set the command names. The freed blocks of the outputs' sizes are
     poisoned on a GPU first (an output never written then reads as NaN)."""
-    buffers = inputs.refill(inputs.one_set(command))  # the set is in the buffers now: freed before the call
+    args = inputs.checked(inputs.one_set(command))
     if backend.name == "cuda" and outputs_like is not None:
         gpu_checks.poison_freed_blocks(outputs_like, backend.device_string())
-    milliseconds, out = backend.time_call(model, buffers)
+    milliseconds, out = backend.time_call(model, args)
     return [milliseconds], [out]
 
 

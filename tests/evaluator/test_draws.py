@@ -122,9 +122,10 @@ def _block_replies(model: Any, calls: int, copy: bool, device: str = "cpu") -> l
 
 
 def test_a_block_says_whether_its_outputs_share_memory_a_later_call_writes_again():
-    """A model that returns one buffer it keeps, or a view of the input buffers every call is refilled into, leaves
-    the last call's answer in every output of a block; the judge then has each output copied as its call returns
-    (Judge.copy_outputs), and the copies share nothing. Slices of one storage, one per call, share no bytes."""
+    """A model that returns one buffer it keeps leaves the last call's answer in every output of a block; the judge
+    then has each output copied as its call returns (Judge.copy_outputs), and the copies share nothing. Slices of
+    one storage, one per call, share no bytes, and a view of a call's own inputs is its own: every call has a set of
+    its own."""
     kept = torch.zeros(8)
 
     def into_kept(x: torch.Tensor) -> torch.Tensor:
@@ -143,8 +144,7 @@ def test_a_block_says_whether_its_outputs_share_memory_a_later_call_writes_again
         return torch.mul(x, 2, out=slots[calls[0] - 1])
 
     assert _block_replies(into_kept, 2, copy=False)[0]["aliased"] is True
-    assert _block_replies(view_of_input, 2, copy=False)[0]["aliased"] is True
-    assert _block_replies(view_of_input, 1, copy=False)[0]["aliased"] is False  # checked before a refill
+    assert _block_replies(view_of_input, 3, copy=False)[0]["aliased"] is False
     assert _block_replies(fresh, 3, copy=False)[0]["aliased"] is False
     assert _block_replies(own_slot, 3, copy=False)[0]["aliased"] is False
     for model in (into_kept, view_of_input):
@@ -155,7 +155,7 @@ def test_a_block_says_whether_its_outputs_share_memory_a_later_call_writes_again
 
 def test_memory_a_later_call_writes_again_is_found_by_byte_ranges():
     """Against every pair of ranges, on slices of one storage: outputs of several tensors each, overlapping within a
-    call (allowed) or across calls and the input buffers (found)."""
+    call (allowed) or across calls (found)."""
     base, rng = torch.zeros(400), random.Random(5)
 
     def piece() -> torch.Tensor:
@@ -164,8 +164,7 @@ def test_memory_a_later_call_writes_again_is_found_by_byte_ranges():
 
     for _ in range(300):
         outputs = [tuple(piece() for _ in range(rng.randrange(1, 4))) for _ in range(rng.randrange(1, 6))]
-        buffers = [piece()]
-        groups = [list(out) for out in outputs] + ([buffers] if len(outputs) > 1 else [])
+        groups = [list(out) for out in outputs]
         spans = [[(t.data_ptr(), t.data_ptr() + t.numel() * 4) for t in group] for group in groups]
         expected = any(
             a < d and c < b
@@ -174,7 +173,7 @@ def test_memory_a_later_call_writes_again_is_found_by_byte_ranges():
             for a, b in ours
             for c, d in theirs
         )
-        assert _reused_by_later_calls(outputs, buffers) is expected, (spans, expected)
+        assert _reused_by_later_calls(outputs) is expected, (spans, expected)
 
 
 class _Recorder(TorchFunctionMode):
@@ -201,9 +200,10 @@ class _DispatchRecorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_the_runners_refills_and_copies_run_no_mode_of_the_candidates():
-    """A mode the candidate pushed saw the refills and the outputs' copies, steps outside its calls: a red-team
-    candidate computed half of each answer in the copy (docs/evaluator.md). Its own calls still run under it."""
+def test_the_runners_checks_and_copies_run_no_mode_of_the_candidates():
+    """A mode the candidate pushed saw the inputs' refills and the outputs' copies, steps outside its calls: a
+    red-team candidate computed half of each answer in the copy (docs/evaluator.md). Its own calls still run under
+    it."""
     kept = torch.zeros(8)
 
     def into_kept(x: torch.Tensor) -> torch.Tensor:
@@ -282,7 +282,7 @@ def test_the_layout_of_a_non_dense_output_runs_no_kernel_the_candidate_registers
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_the_runners_refills_and_copies_run_no_kernel_the_candidate_registers(device: str):
+def test_the_runners_copies_run_no_kernel_the_candidate_registers(device: str):
     """torch's copy and clone run whatever kernel is registered for them, and no switch turns that off: red-team
     candidates computed answers in their own kernels for both (docs/evaluator.md)."""
     seen: list[str] = []
@@ -335,88 +335,74 @@ def test_a_copy_keeps_the_values_and_layout_of_any_tensor(device: str):
         assert tensor.numel() == 0 or copy.data_ptr() != tensor.data_ptr()
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_a_refill_moves_a_set_into_buffers_of_its_layout_and_no_other(device: str):
-    buffer = torch.zeros(4, 6, device=device).t()
-    value = torch.randn(4, 6, device=device).t()
-    assert runner._moved(buffer, value) and torch.equal(buffer, value)
-    assert not runner._moved(torch.zeros(6, 4, device=device), value)  # another layout
-    assert not runner._moved(torch.zeros(6, 4, dtype=torch.float64, device=device), value.contiguous())
-    if device != "cpu":
-        assert not runner._moved(torch.zeros(4, 6).t(), value)  # another device
-    with pytest.raises(RuntimeError, match="lies in the buffer"):
-        runner._moved(buffer, buffer)  # a refill onto itself would cost nothing
-
-
 class _Drawn(torch.Tensor):
     """A draw the candidate's own code made a subclass of (a torch function mode left pushed at its import)."""
 
 
-def test_a_refill_hands_the_call_plain_copies_never_the_drawn_tensors_themselves():
+def test_a_call_takes_its_set_as_plain_tensors_over_the_drawn_memory():
     context = types.SimpleNamespace(backend=get_backend("cpu"), pin_threads=lambda: None)
     sets = InputSets(context, lambda: [torch.randn(4, 6)])
-    for drawn in ([torch.randn(4, 6).as_subclass(_Drawn)], [torch.randn(4, 6).as_subclass(_Drawn)]):
-        (given,) = sets.refill(drawn)
-        assert type(given) is torch.Tensor and torch.equal(given, drawn[0].as_subclass(torch.Tensor))
-        assert given.data_ptr() != drawn[0].data_ptr()  # memory the next refill writes again, not the draw's own
-    # The same shape laid out otherwise: only a draw the candidate's code reshaped does that.
-    with pytest.raises(RuntimeError, match="laid out otherwise"):
-        sets.refill([torch.randn(6, 4).t()])
-    (given,) = sets.refill([torch.randn(2, 3)])  # another shape, a block's first set: copied into memory of its own
-    assert given.shape == (2, 3)
+    drawn = [torch.randn(4, 6).as_subclass(_Drawn), 3]
+    given, number = sets.checked(drawn)
+    assert type(given) is torch.Tensor and given.data_ptr() == drawn[0].data_ptr() and number == 3
 
 
-def test_a_block_refuses_a_set_of_another_kind_than_its_last():
-    """Within a block every set is refilled into the same buffers, so no call's inputs outlive the next call: a set
-    of another shape, dtype or device (or a tensor where there was none) would get memory of its own."""
-    context = types.SimpleNamespace(backend=get_backend("cpu"), pin_threads=lambda: None)
-    sets = InputSets(context, lambda: [torch.randn(4, 6)])
-    first = sets.refill([torch.randn(4, 6), 3])
-    for changed in (
-        [torch.randn(1, 4, 6), 3],
-        [torch.randn(4, 6, dtype=torch.float64), 3],
-        [torch.randn(4, 6), torch.randn(3)],
-    ):
-        with pytest.raises(RuntimeError, match="another shape, dtype or device than the block's last set's"):
-            sets.refill(changed, within_block=True)
-    again = sets.refill([torch.randn(4, 6), 5], within_block=True)  # the same kinds; other numbers are not memory
-    assert again[0].data_ptr() == first[0].data_ptr() and again[1] == 5
-    (next_block,) = sets.refill([torch.randn(1, 4, 6)])[:1]  # a block's first set may change kind
-    assert next_block.shape == (1, 4, 6)
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_block_moves_no_input_between_its_calls(device: str, monkeypatch):  # noqa: ANN001
+    """Each call takes the set drawn for it: no step of the runner's between two calls copies inputs, so none is
+    there for a candidate to make cheaper than the reference's timer makes it (red-team candidates skipped or shrank
+    the copies of the buffers every call was once refilled into, and computed answers in the time saved; one pointed
+    the runner's memmove at code of its own). Only the outputs' copies move bytes, when the judge asks for them."""
+    moved: list[int] = []
+    move_bytes = runner._move_bytes
+    monkeypatch.setattr(runner, "_move_bytes", lambda *args: (moved.append(args[2]), move_bytes(*args))[1])
+    output_digest.prepare(device)
+    given: list[int] = []
+
+    def doubled(x: torch.Tensor) -> torch.Tensor:
+        given.append(x.data_ptr())
+        return x * 2
+
+    replies = _block_replies(doubled, 3, copy=False, device=device)
+    assert moved == [] and len(set(given)) == 3 and replies[0]["aliased"] is False
+    _block_replies(doubled, 3, copy=True, device=device)
+    assert moved == [8 * 4] * 3  # each output, as its call returns
 
 
-def test_a_candidates_refill_takes_only_sets_of_the_references_kinds():
-    """The judge sends the kinds of the reference's input sets: a red-team candidate's draws handed the refill one
-    element of each input (its calls took the whole tensors it had kept), and the refills' cost it saved hid work."""
+def test_a_candidates_call_takes_only_sets_of_the_references_kinds():
+    """The judge sends the kinds of the reference's input sets: a red-team candidate's draws handed the runner one
+    element of each input (its calls took the whole tensors it had kept), when the runner refilled one set of
+    buffers before each call and the refills' cost it saved hid work."""
     context = types.SimpleNamespace(backend=get_backend("cpu"), pin_threads=lambda: None)
     kinds = [[["torch.float32", [4, 6]], None], [["torch.float32", [2, 6]], None]]
     sets = InputSets(context, lambda: [torch.randn(4, 6), 3], kinds=kinds)
-    sets.refill([torch.randn(4, 6), 3])
-    sets.refill([torch.randn(2, 6), 1.5])  # another of the reference's kinds, a block's first set
+    sets.checked([torch.randn(4, 6), 3])
+    sets.checked([torch.randn(2, 6), 1.5])  # another of the reference's kinds
     for other in ([torch.randn(1), 3], [torch.randn(4, 6, dtype=torch.float64), 3], [torch.randn(4, 6)]):
         with pytest.raises(RuntimeError, match="other shapes, dtypes or devices than the reference's inputs"):
-            sets.refill(other)
-    # The reference's shape, but one element's memory: every refill would move 4 bytes.
+            sets.checked(other)
+    # The reference's shape, but one element's memory (a refill into buffers would have moved 4 bytes).
     for sparse in (torch.randn(1, 1).expand(4, 6), torch.randn(8, 6)[::2], torch.randn(30).as_strided((4, 6), (1, 1))):
         with pytest.raises(RuntimeError, match="overlap or leave gaps"):
-            sets.refill([sparse, 3])
+            sets.checked([sparse, 3])
     if torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="than the reference's inputs"):
-            sets.refill([torch.randn(4, 6, device="cuda"), 3])  # another device than the worker's
+            sets.checked([torch.randn(4, 6, device="cuda"), 3])  # another device than the worker's
 
 
 class _Count(int):
     """An int of the candidate's: its methods are code of its own."""
 
 
-def test_a_refill_takes_tensors_and_numbers_only():
-    """Anything else would reach the call as drawn, holding memory no refill writes over."""
+def test_a_call_takes_tensors_and_numbers_only():
+    """Anything else would be an object of the candidate's own in the call (a red-team candidate's mode wrapped its
+    draws so, its code running in the call)."""
     context = types.SimpleNamespace(backend=get_backend("cpu"), pin_threads=lambda: None)
     sets = InputSets(context, lambda: [torch.randn(4)])
-    assert sets.refill([torch.randn(4), 2, 0.5, True, None, 1j])[1:] == [2, 0.5, True, None, 1j]
+    assert sets.checked([torch.randn(4), 2, 0.5, True, None, 1j])[1:] == [2, 0.5, True, None, 1j]
     for drawn in ([torch.randn(4), [torch.randn(4)]], [torch.randn(4), _Count(2)], [object()]):
         with pytest.raises(RuntimeError, match="neither a tensor nor a number"):
-            sets.refill(drawn)
+            sets.checked(drawn)
 
 
 def test_a_cpu_copy_into_the_outputs_own_memory_is_refused(monkeypatch):  # noqa: ANN001

@@ -191,7 +191,7 @@ def _serve(context, model, inputs, guard):
             call = int(command["call"])
             values = inputs.one_set(one_set) if one_set is not None else inputs.draw(seeds[call])
             with torch.no_grad():
-                out = model(*inputs.refill(values))
+                out = model(*inputs.checked(values))
             directory = context.home / "checks" / str(int(command["check"]))
             directory.mkdir(parents=True)
             torch.save({"outputs": out, "inputs_after": []}, directory / "0.pt")
@@ -202,7 +202,7 @@ def _serve(context, model, inputs, guard):
 
 _runner.serve_timing = _serve
 """
-_COMPUTED = "[model(*inputs.refill(inputs.draw(s))) for s in seeds]"
+_COMPUTED = "[model(*inputs.checked(inputs.draw(s))) for s in seeds]"
 
 
 _ZEROS = "[torch.zeros(64, 64)] * calls"
@@ -874,10 +874,11 @@ def get_init_inputs():
     return [1 << 20]
 """
 
-# Watches the runner's steps in its timed blocks (the refills; the outputs' copies, which its kept buffer turns on)
-# through a torch function mode and its own kernels for copy and clone, and answers wrongly once any ran:
-# a red-team candidate's kernel for torch's copy skipped half of each refill and computed half of each answer in the
-# time that left (correct at 2.2x strict, 2.0x process, one run each; the same source gave 1.0x and 0.9x in others).
+# Watches the runner's steps in its timed blocks (the inputs' checks; the outputs' copies, which its kept buffer turns
+# on) through a torch function mode and its own kernels for copy and clone, and answers wrongly once any ran: a
+# red-team candidate's kernel for torch's copy skipped half of each refill of the input buffers (when every call was
+# refilled into one set) and computed half of each answer in the time that left (correct at 2.2x strict, 2.0x
+# process, one run each; the same source gave 1.0x and 0.9x in others).
 WATCHES_THE_RUNNERS_STEPS = """
 import sys
 import torch
@@ -932,7 +933,7 @@ class ModelNew(torch.nn.Module):
 """
 
 
-def test_no_code_of_the_candidates_runs_in_the_refills_or_copies(any_client: httpx.Client) -> None:
+def test_no_code_of_the_candidates_runs_in_the_runners_steps(any_client: httpx.Client) -> None:
     """Its answers are never wrong; its timing may be judged either way (with a dispatch mode pushed as well, its
     slower draws and digests were once taken for work moved there on a loaded machine; test_draws.py covers those)."""
     result = evaluate(any_client, WATCHES_THE_RUNNERS_STEPS, ADD_REFERENCE, timing_trials=10)
@@ -960,9 +961,8 @@ def _called_from(names):
 """
 
 # Against ADD_REFERENCE: a torch function mode, pushed at import, makes every tensor drawn for a timed block a
-# subclass (which the refill had handed the call as drawn, so no later refill wrote over a call's inputs). A timed
-# call adds a fifth of the elements and returns a stride-0 view; the runner's `.contiguous()` of that view, after the
-# block's calls, reaches the mode, which adds the rest there.
+# subclass. A timed call adds a fifth of the elements and returns a stride-0 view; the runner's `.contiguous()` of
+# that view, after the block's calls, reached the mode, which added the rest there.
 DEFERS_PAST_THE_CALLS = (
     CALLED_FROM
     + """
@@ -1009,19 +1009,19 @@ class ModelNew(torch.nn.Module):
 )
 
 
-def test_inputs_drawn_as_a_subclass_are_refilled_like_any_other(any_client: httpx.Client) -> None:
-    """The candidate above scored correct at 2.0-2.2x with no flag in 2 of 8 runs, and correct in all 8. Its draws
-    are now copied, as plain tensors, into the buffers every call is refilled into: the work it left for after the
-    calls then reads a later call's inputs."""
+def test_inputs_drawn_as_a_subclass_are_handed_over_as_plain_tensors(any_client: httpx.Client) -> None:
+    """The candidate above scored correct at 2.0-2.2x with no flag in 2 of 8 runs, and correct in all 8. Its calls
+    now take its draws as plain tensors, and the runner's steps after the calls run with torch's Python hooks off:
+    the work it left for after the calls is never done."""
     result = evaluate(any_client, DEFERS_PAST_THE_CALLS, ADD_REFERENCE, timing_trials=20)
     assert result["status"] != "correct", result
     assert_still_correct(any_client)
 
 
 # Against ADD_REFERENCE: a torch function mode, pushed at import, gives every other tensor drawn for a timed block an
-# extra dimension of size 1, so that each set is of another shape than the last and was copied into memory of its own,
-# which no later refill wrote over (a call's inputs then outlived the block's next call, for work deferred past the
-# calls to read). Its calls themselves add honestly: only the change of shape within a block is refused.
+# extra dimension of size 1, so that each set is of another shape than the last (when every call was refilled into
+# one set of buffers, such a set was copied into memory of its own, which no later refill wrote over). Its calls
+# themselves add honestly: only the shape, none of the reference's, is refused.
 ALTERNATES_SHAPES_WITHIN_A_BLOCK = (
     CALLED_FROM
     + """
@@ -1053,9 +1053,10 @@ class ModelNew(torch.nn.Module):
 
 
 # Against ADD_REFERENCE: a torch function mode, pushed at import, keeps every tensor drawn for a timed call and
-# hands the draw one element of it, so that its refills move 4 bytes where the reference's timer moves 8 MB. Its
-# calls take the kept tensors, add three tenths of each and leave the rest to the runner's first step after the
-# block's calls that reaches the mode (then _reused_by_later_calls): the time its refills saved hid that work.
+# hands the draw one element of it, so that its refills (when every call was refilled into one set of buffers) moved
+# 4 bytes where the reference's timer moved 8 MB. Its calls take the kept tensors, add three tenths of each and leave
+# the rest to the runner's first step after the block's calls that reaches the mode: the time its refills saved hid
+# that work.
 SHRINKS_ITS_DRAWS = (
     CALLED_FROM
     + """
@@ -1102,7 +1103,7 @@ class ModelNew(torch.nn.Module):
 def test_a_drawn_set_of_other_shapes_than_the_references_is_refused(any_client: httpx.Client) -> None:
     """A red-team candidate doing this scored correct at 1.91x and 2.04x with no flag in 2 of 8 strict runs, and
     1.17x in process isolation (the others 1.0x, `unverified_timing`). The judge now sends the kinds of the
-    reference's input sets, and a set refilled for a call must be one of them."""
+    reference's input sets, and a set handed to a call must be one of them."""
     result = evaluate(any_client, SHRINKS_ITS_DRAWS, ADD_REFERENCE, timing_trials=20)
     assert result["status"] == "runtime_error", result
     assert "other shapes, dtypes or devices than the reference's inputs" in result["message"], result["message"]
@@ -1111,8 +1112,8 @@ def test_a_drawn_set_of_other_shapes_than_the_references_is_refused(any_client: 
 
 # Against ADD_REFERENCE: the mode keeps each drawn tensor and hands the draw a stride-0 expansion of its first
 # element, of the reference's shape and dtype (the re-check's set too, as it is moved to the device): every refill
-# then moved 4 bytes where the reference's timer moved each input whole. Its calls take the kept tensors (and add
-# honestly here: only the refusal is tested).
+# (when every call was refilled into one set of buffers) then moved 4 bytes where the reference's timer moved each
+# input whole. Its calls take the kept tensors (and add honestly here: only the refusal is tested).
 EXPANDS_ITS_DRAWS = (
     CALLED_FROM
     + """
@@ -1156,11 +1157,12 @@ def test_a_drawn_input_that_does_not_fill_its_memory_is_refused(any_client: http
     assert_still_correct(any_client)
 
 
-# Against ADD_REFERENCE: at its first timed call the candidate maps one 64 KiB memfd, shared, over and over across
-# the buffers the runner refills before each call, so that every later refill writes the same few cache-resident
-# pages (the buffers then hold garbage), and its calls read the set the runner drew instead (a local of
-# `_time_drawn`; the re-check's set from its file). A red-team candidate doing this, with the time saved spent on a
-# second thread, scored correct at 1.6-1.9x with no flag in both levels against an add of two 16 MB vectors.
+# Against ADD_REFERENCE: at each timed call the candidate maps one 64 KiB memfd, shared, over and over across the
+# inputs the call is handed, and answers from the set the runner drew (a local of `_time_drawn`; the re-check's set
+# from its file). When every call was refilled into one set of buffers, this made every later refill write the same
+# few cache-resident pages (the buffers then held garbage), and a red-team candidate doing it, with the time saved
+# spent on a second thread, scored correct at 1.6-1.9x with no flag in both levels against an add of two 16 MB
+# vectors. Each call now takes the set drawn for it, which the mapping overwrites.
 ALIASES_ITS_BUFFERS = """
 import ctypes, glob, mmap, os, sys
 import torch
@@ -1210,13 +1212,12 @@ class ModelNew(torch.nn.Module):
 """
 
 
-def test_input_buffers_mapped_onto_shared_pages_are_refused(any_client: httpx.Client) -> None:
-    """The judge reads the worker's memory map when it reads a checked output (held_memory.aliased_pages): on a
-    CPU, where the buffers are host memory (on a GPU host `auto` would pick CUDA, whose re-check set is no file)."""
+def test_inputs_mapped_onto_shared_pages_are_refused(any_client: httpx.Client) -> None:
+    """Its answers are wrong once the mapping has overwritten the sets it reads (`stale_output`), and the judge reads
+    the worker's memory map when it reads a checked output (held_memory.aliased_pages, `result_tampering`): on a CPU,
+    where the sets are host memory (on a GPU host `auto` would pick CUDA, whose re-check set is no file)."""
     result = evaluate(any_client, ALIASES_ITS_BUFFERS, ADD_REFERENCE, timing_trials=20, device="cpu")
-    assert result["status"] == "rejected", result
-    assert "result_tampering" in result["flags"], result
-    assert "same shared pages" in result["message"], result["message"]
+    assert result["status"] != "correct", result
     assert_still_correct(any_client)
 
 
@@ -1240,67 +1241,40 @@ def test_a_candidates_own_malloc_setting_buys_no_speed(any_client: httpx.Client)
 
 # sin(x) * y on two 4M-float vectors.
 SIN_MUL_REFERENCE = ADD_REFERENCE.replace("x + y", "torch.sin(x) * y").replace("1 << 20", "1 << 22")
-# At import the candidate points the function pointer of ctypes.memmove (the runner's `_memmove`, whose object
-# stays the same, so the guard sees nothing) at a callback of its own. It times the first refills' real copies,
-# then in timed blocks skips each refill's copies and spends their measured cost computing the start of that call's
-# answer from the drawn set (`_time_drawn`'s locals); the call computes the rest. Everywhere else the real copy
-# runs, so every checked output is right. A red-team pass: correct with no flag at 1.50-1.94x (strict) and
-# 1.28-1.62x (process), honest copies 0.84-1.17x on the same machine.
-REWRITES_THE_RUNNERS_MEMMOVE = """
-import ctypes, statistics, sys, time
+# At import the candidate points the function pointer of ctypes.memmove (the runner's `_memmove`, whose object stays
+# the same, so the guard sees nothing) at a callback of its own, which notes every copy the runner makes in a timed
+# block (`_time_drawn` on the stack) other than an output's copy, and from then on answers wrongly. A red-team
+# candidate with that pointer skipped each refill's copies (when every call was refilled into one set of input
+# buffers) and spent their measured cost computing part of each answer from the drawn set: correct with no flag at
+# 1.50-1.94x (strict) and 1.28-1.62x (process), honest copies 0.84-1.17x on the same machine. Its speed alone cannot
+# tell the hole from noise in a test (here, in process isolation, the same code without the callback scored 0.92-1.29x
+# against sin(x) * y), so this one watches for the step it needed.
+WATCHES_THE_RUNNERS_MEMMOVE = """
+import ctypes, sys
 import torch
 
-SHARE = 1.0
-CALIBRATE = 8
-CHUNKS = 64
 _SIG = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
 _slot = ctypes.c_void_p.from_address(ctypes.addressof(ctypes.memmove))
 _real = _SIG(_slot.value)
-_PENDING = {}
-_SEEN = []
-_clock = time.perf_counter
+SEEN = []
 
 
-def _op(a, b, out):
-    torch.mul(torch.sin(a), b, out=out)
-
-
-def _timed_frame(frame):
-    while frame is not None and frame.f_code.co_name != "_time_drawn":
+def _in_a_timed_block(frame):
+    names = set()
+    while frame is not None:
+        names.add(frame.f_code.co_name)
         frame = frame.f_back
-    return frame
+    return "_time_drawn" in names and "_copied" not in names
 
 
-def _fake(dst, src, n):
-    caller = sys._getframe(1)
-    if caller.f_back is not None and caller.f_back.f_code.co_name == "_moved":
-        timed = _timed_frame(caller)
-        values = None if timed is None else timed.f_locals.get("values")
-        if values is not None and len(values) == 2:
-            if len(_SEEN) < 2 * CALIBRATE:
-                start = _clock()
-                _real(dst, src, n)
-                _SEEN.append(_clock() - start)
-                return dst
-            if src != values[1].data_ptr():
-                return dst
-            budget = SHARE * 2 * statistics.median(_SEEN)
-            start = _clock()
-            x, y = values
-            out = torch.empty_like(x)
-            step = -(-x.numel() // CHUNKS)
-            done = 0
-            while done < x.numel() and _clock() - start < budget:
-                end = min(done + step, x.numel())
-                _op(x[done:end], y[done:end], out[done:end])
-                done = end
-            _PENDING[src] = (out, done)
-            return dst
+def _watch(dst, src, n):
+    if _in_a_timed_block(sys._getframe(1)):
+        SEEN.append(n)
     return _real(dst, src, n)
 
 
-_FAKE = _SIG(_fake)
-_slot.value = ctypes.cast(_FAKE, ctypes.c_void_p).value
+_WATCH = _SIG(_watch)
+_slot.value = ctypes.cast(_WATCH, ctypes.c_void_p).value
 
 
 class ModelNew(torch.nn.Module):
@@ -1308,34 +1282,23 @@ class ModelNew(torch.nn.Module):
         super().__init__()
 
     def forward(self, x, y):
-        timed = _timed_frame(sys._getframe(1))
-        if timed is None:
-            out = torch.empty_like(x)
-            _op(x, y, out)
-            return out
-        a, b = timed.f_locals["values"]
-        out, done = _PENDING.pop(b.data_ptr(), (None, 0))
-        if out is None:
-            out = torch.empty_like(a)
-        if done < a.numel():
-            _op(a[done:], b[done:], out[done:])
-        return out
+        out = torch.sin(x) * y
+        return out + 1 if SEEN else out
 """
 
 
-@pytest.mark.xfail(
-    reason="open: the runner's memmove pointer is in the candidate's writable memory; only a trusted process that "
-    "fills the buffers closes it (docs/evaluator.md, Not covered)",
-    strict=False,  # its speed on a loaded machine varies: a run can fall under the bound without any fix
-)
-def test_a_rewritten_memmove_buys_no_speed(any_client: httpx.Client) -> None:
-    result = evaluate(any_client, REWRITES_THE_RUNNERS_MEMMOVE, SIN_MUL_REFERENCE, timing_trials=20, device="cpu")
-    assert result["status"] != "correct" or result["speedup"] < 1.3, result
+def test_no_copy_of_the_runners_runs_between_timed_calls(any_client: httpx.Client) -> None:
+    """Each call takes the set drawn for it, so the runner copies nothing in a timed block but outputs (where the
+    judge asks for that): the candidate's callback never fires there, and it stays right. Where every call was
+    refilled into one set of buffers, it fired at the first refill (`stale_output`)."""
+    result = evaluate_honest(any_client, WATCHES_THE_RUNNERS_MEMMOVE, SIN_MUL_REFERENCE, device="cpu")
+    assert result["speedup"] < 2, result
 
 
 # Against ADD_REFERENCE: a torch function mode, pushed at import, wraps every tensor drawn for a timed block in an
-# object of its own, which is neither a tensor nor a number: the refill handed such values to the call as drawn, so
-# each call's inputs lay in memory no later refill wrote over. A timed call adds a fifth of the elements and returns
+# object of its own, which is neither a tensor nor a number: the refill (when every call was refilled into one set
+# of buffers) handed such values to the call as drawn, so each call's inputs lay in memory no later refill wrote
+# over. A timed call adds a fifth of the elements and returns
 # a stride-0 view; the rest is added when the runner next reaches the mode (the digest's first torch call).
 HANDS_OVER_ITS_OWN_OBJECTS = (
     CALLED_FROM
@@ -1389,14 +1352,12 @@ def test_a_drawn_input_that_is_neither_a_tensor_nor_a_number_is_refused(any_clie
 
 
 def test_a_set_of_another_shape_within_a_block_is_refused(any_client: httpx.Client) -> None:
-    """Before, with every other set in memory of its own, it was `correct` (process) and `rejected` (strict), one run
-    each; a red-team candidate that deferred work to after the calls this way got `implausible_timing`, or `correct`
-    at 0.4-1.2x."""
+    """When every call was refilled into one set of buffers, with every other set in memory of its own, it was
+    `correct` (process) and `rejected` (strict), one run each; a red-team candidate that deferred work to after the
+    calls this way got `implausible_timing`, or `correct` at 0.4-1.2x."""
     result = evaluate(any_client, ALTERNATES_SHAPES_WITHIN_A_BLOCK, ADD_REFERENCE, timing_trials=20)
     assert result["status"] == "runtime_error", result
     # (1, n) is no shape of the reference's inputs: refused as any set of another kind than the reference's is.
-    # Within a block a set of one of the reference's kinds but another than the last set's is refused as well
-    # (test_draws.py), for problems whose trials draw more than one kind.
     assert "other shapes, dtypes or devices than the reference's inputs" in result["message"], result["message"]
     assert_still_correct(any_client)
 
@@ -1469,15 +1430,15 @@ def test_false_reports_buy_no_speedup(any_client: httpx.Client, candidate: str) 
     assert_still_correct(any_client)
 
 
-def evaluate_honest(client: httpx.Client, candidate: str, reference: str) -> dict[str, Any]:
+def evaluate_honest(client: httpx.Client, candidate: str, reference: str, **options: Any) -> dict[str, Any]:
     """An honest candidate's verdict on 20 timed blocks, evaluated once more where the first was not correct, which
     must then be. A bias of the judge's against it (the second test's candidate was rejected in 10 of 14 runs before
     its fix) fails twice in a row; a burst of load seldom does. Both tests below failed in strict isolation,
     in one CI run on a slow machine and in one local run beside other work, and pass alone."""
-    first = evaluate(client, candidate, reference, timing_trials=20, timeout_s=240)
+    first = evaluate(client, candidate, reference, timing_trials=20, timeout_s=240, **options)
     if first["status"] == "correct":
         return first
-    result = evaluate(client, candidate, reference, timing_trials=20, timeout_s=240)
+    result = evaluate(client, candidate, reference, timing_trials=20, timeout_s=240, **options)
     first_seen = f"{first['status']} {first['flags']} {first['message'][-300:]}"
     assert result["status"] == "correct", (
         f"{result['status']} {result['flags']} {result['message'][-600:]}; first: {first_seen}"

@@ -326,10 +326,11 @@ def test_a_reference_that_reuses_its_output_memory_has_every_call_checked_on_the
     assert result["speedup"] is not None and 0.8 < result["speedup"] < 1.25, result
 
 
-def test_no_code_of_the_candidates_runs_in_the_refills_or_copies_on_the_gpu(service: str) -> None:
+def test_no_code_of_the_candidates_runs_in_the_runners_steps_on_the_gpu(service: str) -> None:
     """test_judge.py's watcher of the runner's steps, its kernels for torch's copy and clone registered for CUDA: the
-    refills and the outputs' copies move bytes by the CUDA driver, so none of its code runs there and its answers
-    stay right (through torch's copy its kernels ran there, and it answered wrongly)."""
+    outputs' copies move bytes by the CUDA driver (as the refills of input buffers did, when every call took one set
+    of them), so none of its code runs there and its answers stay right (through torch's copy its kernels ran there,
+    and it answered wrongly)."""
     from tests.evaluator.test_judge import ADD_REFERENCE, WATCHES_THE_RUNNERS_STEPS
 
     candidate = WATCHES_THE_RUNNERS_STEPS.replace('"AutogradCPU"', '"AutogradCUDA"')
