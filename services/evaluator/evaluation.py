@@ -520,6 +520,11 @@ class Judge:
         # The timer's `ready_to_time` event (the bandwidth its process measured on the GPU).
         self.ready: dict[str, Any] = {}
         self.drawn = reference.data_path == "drawn"
+        # Whether every timed set is drawn signed (gpu_checks.make_signed), as the correctness trials that the
+        # reference's output allowed were: timed on the unsigned draw alone, a candidate whose answer is right only
+        # there (`return x` when every element is non-negative, on a ReLU with KernelBench's `torch.rand` inputs)
+        # passes the signed trials by computing and scores on the timed calls by not.
+        self.signed_draws = any(reference.signed)
         # Input files the service hands to each worker: none on the `drawn` data path, where workers draw them.
         self.handed_over = range(0) if self.drawn else range(self.trials)
         # Where the reference's timer is kept until the candidate's worker is done (see _launch_timer).
@@ -1147,7 +1152,7 @@ class Judge:
         async with self._paused(worker):
             drawn_s = drawn_wall_s = 0.0
             if one_set is None:
-                command: dict[str, Any] = {"op": "draw", "seeds": seeds}
+                command: dict[str, Any] = {"op": "draw", "seeds": seeds, "signed": self.signed_draws}
                 _, drawn_s, drawn_wall_s = await self._command(worker, command, "drawn", clocked=True, hold=True)
             command = {"op": "block", **(one_set or {}), "copy": self.copy_outputs}
             hold = digest_seed is not None or check_call is not None

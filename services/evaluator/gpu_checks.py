@@ -33,7 +33,7 @@ _GLOBAL_RE = re.compile(r"__global__\s+(?:[\w:<>,\s]*?\s)?(?:__launch_bounds__\s
 _TRITON_DECORATORS = {"jit", "autotune", "heuristics"}
 
 
-# Every tensor device_inputs has returned, while it lives: a `get_inputs` that keeps a tensor between calls (a cache)
+# Every tensor a draw has returned (as_returned), while it lives: a `get_inputs` that keeps a tensor between calls (a cache)
 # returns it again, and mapping that one in place would change what every later draw returns. (Each worker's first
 # draw is a correctness trial's, unsigned, so a kept tensor is known before any signed draw.)
 _returned: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
@@ -62,7 +62,12 @@ def device_inputs(get_inputs: Callable[[], Sequence[Any]], seed: int, device: An
     torch.manual_seed(seed)
     with torch.device(device):
         inputs = list(get_inputs())
-    inputs = [t.to(device) if isinstance(t, torch.Tensor) else t for t in inputs]
+    return as_returned([t.to(device) if isinstance(t, torch.Tensor) else t for t in inputs], signed)
+
+
+def as_returned(inputs: list[Any], signed: bool) -> list[Any]:
+    """A draw's inputs as the draw returns them: mapped where `signed` (make_signed), every tensor remembered as
+    returned, so that a later draw that returns one again copies it rather than map it in place."""
     if signed:
         inputs = make_signed(inputs)
     for t in inputs:

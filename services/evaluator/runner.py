@@ -537,19 +537,21 @@ class InputSets:
         self.kinds = kinds
         self.drawn: list[list[Any]] = []
 
-    def draw_all(self, seeds: list[int]) -> None:
+    def draw_all(self, seeds: list[int], signed: bool = False) -> None:
         self.drawn = []  # the last block's sets are freed first
         if seeds:
             _seed_host_generators(seeds[0])
-        self.drawn = [self.draw(seed) for seed in seeds]
+        self.drawn = [self.draw(seed, signed) for seed in seeds]
 
-    def draw(self, seed: int) -> list[Any]:
+    def draw(self, seed: int, signed: bool = False) -> list[Any]:
+        """One set, drawn from its seed; with `signed`, each non-negative floating tensor mapped onto negative values
+        too, as signed correctness trials are (gpu_checks.make_signed)."""
         backend = self.context.backend
         _seed_torch(seed, backend)
         if backend.name == "cuda":
             with torch.device(backend.device_string()):
-                return backend.prepare_inputs(list(self.get_inputs()))
-        return backend.prepare_inputs(list(self.get_inputs()))
+                return gpu_checks.as_returned(backend.prepare_inputs(list(self.get_inputs())), signed)
+        return gpu_checks.as_returned(backend.prepare_inputs(list(self.get_inputs())), signed)
 
     def one_set(self, command: dict[str, Any]) -> list[Any]:
         """The set a command names outside the timed blocks (the re-check's, the profile's): a file the service
@@ -595,7 +597,7 @@ def serve_timing(
     """Answer the judge's commands until it says `exit` or closes the pipe. The judge times every command from
     outside, on both sides, and compares.
 
-    `draw`: draw the next block's inputs, one set per seed. `block`: one timed call per drawn set (or on the
+    `draw`: draw the next block's inputs, one set per seed (signed where `signed`). `block`: one timed call per drawn set (or on the
     handed-over set `set`), each on its own set; the reply carries every call's milliseconds, on a GPU the
     sketch of every call's whole output (output_digest: what a later `save` is held to), on a CPU where each output
     lies in memory (the judge reads the one it will check itself: held_memory) and the judge's nonce; the judge keeps
@@ -623,7 +625,7 @@ def serve_timing(
             outputs = []
             try:
                 with _no_grad():
-                    inputs.draw_all([int(seed) for seed in command["seeds"]])
+                    inputs.draw_all([int(seed) for seed in command["seeds"]], command.get("signed") is True)
             except BaseException:
                 context.emit("error", stage="timing", message=traceback.format_exc())
                 return

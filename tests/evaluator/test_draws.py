@@ -428,6 +428,31 @@ def test_an_outputs_copy_is_timed_with_its_call(monkeypatch):  # noqa: ANN001
     assert min(reply["ms"]) >= 20, reply["ms"]
 
 
+def test_a_block_drawn_signed_has_negative_values_the_same_in_every_worker():
+    """Where the reference's output allowed signed correctness trials, the judge has every timed set drawn signed
+    too: a candidate right only on non-negative inputs (`return x` on a ReLU with `torch.rand` inputs) would
+    otherwise pass the signed trials by computing and score on the timed calls by not."""
+
+    def drawn(signed: bool) -> list[list[Any]]:
+        sets = InputSets(types.SimpleNamespace(backend=get_backend("cpu")), lambda: [torch.rand(256), 3])
+        sets.draw_all([11, 12], signed)
+        return sets.drawn
+
+    for plain, mapped, again in zip(drawn(False), drawn(True), drawn(True), strict=True):
+        assert plain[0].min() >= 0 > mapped[0].min() and mapped[1] == 3
+        assert torch.equal(mapped[0], plain[0] * 2 - plain[0].max()) and torch.equal(mapped[0], again[0])
+    lowest: list[float] = []
+
+    def doubled(x: torch.Tensor) -> torch.Tensor:
+        lowest.append(float(x.min()))
+        return x * 2
+
+    draw = {"op": "draw", "seeds": [1, 2], "nonce": "d", "signed": True}
+    context = _ScriptedContext([draw, {"op": "block", "nonce": "b"}, {"op": "exit"}])
+    serve_timing(context, doubled, InputSets(context, lambda: [torch.rand(64)]), Guard())  # type: ignore[arg-type]
+    assert len(lowest) == 2 and max(lowest) < 0
+
+
 def test_a_signed_draw_maps_a_tensor_drawn_just_now_in_place():
     """A copy beside the drawn tensor (with a block's buffers) ran the largest KernelBench problems out of an H100's
     memory; a tensor drawn just now is the caller's alone, so it is mapped where it lies."""

@@ -340,6 +340,28 @@ def test_no_code_of_the_candidates_runs_in_the_runners_steps_on_the_gpu(service:
     assert not {"stale_output", "result_tampering"} & set(result["flags"]), f"{result['flags']} {result['message']}"
 
 
+# A candidate right only on non-negative inputs: it returns its input where every element is (one read of it,
+# against the ReLU's read and write) and computes the ReLU where not, so it passes the signed correctness trials.
+SHORTCUT_WHERE_NON_NEGATIVE = """
+import torch
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        if bool(x.min() >= 0):
+            return x
+        return torch.relu(x)
+"""
+
+
+def test_a_candidate_right_only_on_non_negative_inputs_is_timed_on_signed_ones(service: str) -> None:
+    """Timed on KernelBench's `torch.rand` draws alone, it would take the shortcut in every timed call (about 2x on a
+    1 GiB ReLU, by the traffic). Every timed set is drawn signed where the reference's output allowed signed trials,
+    so its timed calls compute the ReLU after the check."""
+    reference = REFERENCE.replace("2048, 2048", "16384, 16384")
+    result = evaluate(service, SHORTCUT_WHERE_NON_NEGATIVE, reference_source=reference)
+    assert result["status"] != "correct" or result["speedup"] < 1.3, result
+
+
 def test_no_kernel_of_the_candidates_runs_in_the_outputs_copy_on_the_gpu(service: str) -> None:
     """test_judge.py's candidate that leaves half of each answer to its own kernel for torch's clone, registered for
     CUDA: the copy is the driver's, so that half stays undone in the buffer it copies (stale_output)."""
