@@ -1440,7 +1440,7 @@ class Judge:
         return found
 
     async def _recheck(self, candidate: Worker) -> None:
-        """After timing: the set the candidate never saw, in the very buffers it was timed on."""
+        """After timing: one more timed call, on the set the candidate never saw."""
         if "stale_output" in self.run_state.flags:
             return
         assert self.timer is not None
@@ -1474,7 +1474,7 @@ class Judge:
         block = await self._block(candidate, [], one_set=one_set, check_call=0)
         sketch = block.sketches[0] if block.sketches is not None else None
         if not await self._check(candidate, 0, sketch, block.held_hash):
-            self.run_state.flags.setdefault("stale_output", "wrong answer on new inputs in the buffers that were timed")
+            self.run_state.flags.setdefault("stale_output", "wrong answer on new inputs after timing")
 
     async def _profile(self, worker: Worker) -> list[str] | None:
         if self.device != "cuda":
