@@ -1,7 +1,7 @@
 """Large inputs against a small worker memory limit: the candidate worker holds one trial's inputs at a time.
 
 Five trials of 192 MiB inputs come to ~1 GiB; loading them all at once (as the worker once did) pushes a worker past
-a 2 GiB address-space limit, one trial at a time stays well inside it. GPU-sized problems depend on the same.
+a 2.5 GiB address-space limit, one trial at a time stays inside it. GPU-sized problems depend on the same.
 """
 
 from __future__ import annotations
@@ -43,22 +43,36 @@ class ModelNew(nn.Module):
 """
 
 
-@pytest.fixture(scope="module")
-def small_memory_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+def _memory_limited_client(tmp_path_factory: pytest.TempPathFactory, limit_mb: int) -> Iterator[httpx.Client]:
     cache = tmp_path_factory.mktemp("memory-cache")
     log: Path = tmp_path_factory.mktemp("memory-log") / "server.log"
-    env = server_env(cache, EVALUATOR_MEMORY_LIMIT_MB="2048", EVALUATOR_WORKERS="1")
+    env = server_env(cache, EVALUATOR_MEMORY_LIMIT_MB=str(limit_mb), EVALUATOR_WORKERS="1")
     with run_service("evaluator", env=env, log_path=log) as url, httpx.Client(base_url=url, timeout=600) as http:
         yield http
 
 
-def test_five_large_trials_fit_a_small_memory_limit(small_memory_client: httpx.Client) -> None:
+@pytest.fixture(scope="module")
+def small_memory_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    yield from _memory_limited_client(tmp_path_factory, 2048)
+
+
+@pytest.fixture(scope="module")
+def large_problem_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    """2.5 GiB: in a CPU worker's timing large blocks stay in the heap (sandbox.keep_large_blocks_in_heap), whose
+    freed room glibc does not always reuse, so timing holds more address space than its live memory
+    (docs/evaluator.md, Not covered); at 2 GiB the timing of the 192 MiB problem below failed in 4 of 12 runs once
+    each timed call took its own drawn set. Five trials' inputs and outputs loaded at once (1.9 GiB, beside torch's
+    own address space) would still not fit."""
+    yield from _memory_limited_client(tmp_path_factory, 2560)
+
+
+def test_five_large_trials_fit_a_small_memory_limit(large_problem_client: httpx.Client) -> None:
     result = evaluate_briefly(
-        small_memory_client,
+        large_problem_client,
         LARGE_CANDIDATE,
         LARGE_REFERENCE,
         correctness_trials=5,
-        timing_trials=3,
+        timing_trials=1,  # the trials are the subject: each timed block holds more address space (large_problem_client)
         warmup_trials=1,
         timeout_s=240,
     )
