@@ -1499,8 +1499,8 @@ def hides_work(reference: list[Block], candidate: list[Block]) -> str:
     clock; or "".
 
     Both sides run the same calls on the same inputs, so what the clocks see beyond the reported times (the pipe,
-    the inputs' checks, being scheduled) has one distribution on both sides; load moves single blocks, not the ranks of all of
-    them. On a CPU the judge's clock is CPU time, which a helper process that exits before the reply takes with it:
+    the inputs' checks, being scheduled) has one distribution on both sides; load moves single blocks, not the ranks
+    of all of them. On a CPU the judge's clock is CPU time, which a helper process that exits before the reply takes with it:
     a red-team candidate whose helpers computed its outputs after each timed call returned (its main thread asleep
     meanwhile) left the CPU clock nothing to see and scored correct at 1.9-8.8x; the block's wall time sees that
     (on a GPU the two clocks are one)."""
@@ -1578,8 +1578,8 @@ def slower_outside_calls(reference: list[Block], candidate: list[Block], threads
         for step, value in steps:
             ours, theirs = [value(b) for b in candidate], [value(b) for b in reference]
             # The slack is at least hides_work's (5 % of the block: an honest candidate's steps around its calls may
-            # cost it a little more than the reference's in every block), and never below CLOCKED_SHARE of the candidate's
-            # block, the room a report has anyway (judge_room_s): less work moved buys at most
+            # cost it a little more than the reference's in every block), and never below CLOCKED_SHARE of the
+            # candidate's block, the room a report has anyway (judge_room_s): less work moved buys at most
             # 1 / (1 - CLOCKED_SHARE) of speed.
             scale = max(statistics.median(ours), block_s)
             slack = max(UNEXPLAINED_SHARE * scale, CLOCKED_SHARE * block_s) + UNEXPLAINED_SLACK_S

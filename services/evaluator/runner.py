@@ -597,9 +597,9 @@ def serve_timing(
     """Answer the judge's commands until it says `exit` or closes the pipe. The judge times every command from
     outside, on both sides, and compares.
 
-    `draw`: draw the next block's inputs, one set per seed (signed where `signed`). `block`: one timed call per drawn set (or on the
-    handed-over set `set`), each on its own set; the reply carries every call's milliseconds, on a GPU the
-    sketch of every call's whole output (output_digest: what a later `save` is held to), on a CPU where each output
+    `draw`: draw the next block's inputs, one set per seed (signed where `signed`). `block`: one timed call per
+    drawn set (or on the handed-over set `set`), each on its own set; the reply carries every call's milliseconds, on
+    a GPU the sketch of every call's whole output (output_digest: what a later `save` is held to), on a CPU where each output
     lies in memory (the judge reads the one it will check itself: held_memory) and the judge's nonce; the judge keeps
     the reported numbers only where its clock agrees. `digest`: a digest of the last block's outputs under weights
     from the judge's seed (output_digest), which the judge checks against the reference's on the same inputs. The
