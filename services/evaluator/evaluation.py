@@ -1500,10 +1500,10 @@ def hides_work(reference: list[Block], candidate: list[Block]) -> str:
 
     Both sides run the same calls on the same inputs, so what the clocks see beyond the reported times (the pipe,
     the inputs' checks, being scheduled) has one distribution on both sides; load moves single blocks, not the ranks
-    of all of them. On a CPU the judge's clock is CPU time, which a helper process that exits before the reply takes with it:
-    a red-team candidate whose helpers computed its outputs after each timed call returned (its main thread asleep
-    meanwhile) left the CPU clock nothing to see and scored correct at 1.9-8.8x; the block's wall time sees that
-    (on a GPU the two clocks are one)."""
+    of all of them. On a CPU the judge's clock is CPU time, which a helper process that exits before the reply takes
+    with it: a red-team candidate whose helpers computed its outputs after each timed call returned (its main thread
+    asleep meanwhile) left the CPU clock nothing to see and scored correct at 1.9-8.8x; the block's wall time sees
+    that (on a GPU the two clocks are one)."""
     for clock, ours, theirs, block_s in (
         (
             "the judge's clock",

@@ -34,8 +34,8 @@ _TRITON_DECORATORS = {"jit", "autotune", "heuristics"}
 
 
 # Every tensor a draw has returned (as_returned), while it lives: a `get_inputs` that keeps a tensor between calls (a
-# cache) returns it again, and mapping that one in place would change what every later draw returns. (Each worker's first
-# draw is a correctness trial's, unsigned, so a kept tensor is known before any signed draw.)
+# cache) returns it again, and mapping that one in place would change what every later draw returns. (Each worker's
+# first draw is a correctness trial's, unsigned, so a kept tensor is known before any signed draw.)
 _returned: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 
 

@@ -599,9 +599,9 @@ def serve_timing(
 
     `draw`: draw the next block's inputs, one set per seed (signed where `signed`). `block`: one timed call per
     drawn set (or on the handed-over set `set`), each on its own set; the reply carries every call's milliseconds, on
-    a GPU the sketch of every call's whole output (output_digest: what a later `save` is held to), on a CPU where each output
-    lies in memory (the judge reads the one it will check itself: held_memory) and the judge's nonce; the judge keeps
-    the reported numbers only where its clock agrees. `digest`: a digest of the last block's outputs under weights
+    a GPU the sketch of every call's whole output (output_digest: what a later `save` is held to), on a CPU where each
+    output lies in memory (the judge reads the one it will check itself: held_memory) and the judge's nonce; the
+    judge keeps the reported numbers only where its clock agrees. `digest`: a digest of the last block's outputs under weights
     from the judge's seed (output_digest), which the judge checks against the reference's on the same inputs. The
     judge clocks each command on both sides, so work moved out of the timed calls into drawing or digesting shows
     as well. `save`: write the output of one call of the last block, chosen by the judge after the block, for it to
