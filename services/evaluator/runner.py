@@ -597,20 +597,20 @@ def serve_timing(
     """Answer the judge's commands until it says `exit` or closes the pipe. The judge times every command from
     outside, on both sides, and compares.
 
-    `draw`: draw the next block's inputs, one set per seed (signed where `signed`). `block`: one timed call per
-    drawn set (or on the handed-over set `set`), each on its own set; the reply carries every call's milliseconds, on
-    a GPU the sketch of every call's whole output (output_digest: what a later `save` is held to), on a CPU where each
-    output lies in memory (the judge reads the one it will check itself: held_memory) and the judge's nonce; the
-    judge keeps the reported numbers only where its clock agrees. `digest`: a digest of the last block's outputs under weights
-    from the judge's seed (output_digest), which the judge checks against the reference's on the same inputs. The
-    judge clocks each command on both sides, so work moved out of the timed calls into drawing or digesting shows
-    as well. `save`: write the output of one call of the last block, chosen by the judge after the block, for it to
-    check in full. `check` (the reference's timer only, `checks_candidate`): compare the output a candidate saved
-    for one call of its last block with this worker's own output of the same call (check_saved_output). `trial` (the
-    timer only, on the `drawn` data path): one call on a correctness trial's inputs, drawn from the seed the judge
-    names; the reply carries the sketch of the inputs untouched, and the output is what the next `check` compares.
-    Correctness checks and timed calls go through this one path, so a candidate cannot tell which of its calls are
-    checked. Digests, saves and the end of the job report what the guard found replaced."""
+    `draw`: draw the next block's inputs, one set per seed (signed where `signed`). `block`: one timed call per drawn
+    set (or on the handed-over set `set`), each on its own set; the reply carries every call's milliseconds, on a GPU
+    the sketch of every call's whole output (output_digest: what a later `save` is held to), on a CPU where each output
+    lies in memory (the judge reads the one it will check itself: held_memory) and the judge's nonce; the judge keeps
+    the reported numbers only where its clock agrees. `digest`: a digest of the last block's outputs under weights from
+    the judge's seed (output_digest), which the judge checks against the reference's on the same inputs. The judge
+    clocks each command on both sides, so work moved out of the timed calls into drawing or digesting shows as well.
+    `save`: write the output of one call of the last block, chosen by the judge after the block, for it to check in
+    full. `check` (the reference's timer only, `checks_candidate`): compare the output a candidate saved for one call of
+    its last block with this worker's own output of the same call (check_saved_output). `trial` (the timer only, on the
+    `drawn` data path): one call on a correctness trial's inputs, drawn from the seed the judge names; the reply carries
+    the sketch of the inputs untouched, and the output is what the next `check` compares. Correctness checks and timed
+    calls go through this one path, so a candidate cannot tell which of its calls are checked. Digests, saves and the
+    end of the job report what the guard found replaced."""
     backend = context.backend
     if backend.name == "cpu":
         sandbox.keep_large_blocks_in_heap()
