@@ -548,10 +548,9 @@ class InputSets:
         too, as signed correctness trials are (gpu_checks.make_signed)."""
         backend = self.context.backend
         _seed_torch(seed, backend)
-        if backend.name == "cuda":
-            with torch.device(backend.device_string()):
-                return gpu_checks.as_returned(backend.prepare_inputs(list(self.get_inputs())), signed)
-        return gpu_checks.as_returned(backend.prepare_inputs(list(self.get_inputs())), signed)
+        on_device = torch.device(backend.device_string()) if backend.name == "cuda" else contextlib.nullcontext()
+        with on_device:
+            return gpu_checks.as_returned(backend.prepare_inputs(list(self.get_inputs())), signed)
 
     def one_set(self, command: dict[str, Any]) -> list[Any]:
         """The set a command names outside the timed blocks (the re-check's, the profile's): a file the service
