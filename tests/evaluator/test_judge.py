@@ -1295,6 +1295,36 @@ def test_no_copy_of_the_runners_runs_between_timed_calls(any_client: httpx.Clien
     assert result["speedup"] < 2, result
 
 
+# An add of two 16 MiB vectors, and a candidate that writes its answer into its own first input in timed calls (found
+# on the stack), sparing a fresh output's allocation and first writes; in correctness trials, where inputs are checked
+# for changes, it adds honestly. Timed calls' inputs are not checked. A red-team pass: correct with no flag at 1.26x
+# and 1.43x in process isolation (honest copies 1.00-1.13x); in strict, charged for its draws, 0.33-0.85x.
+WIDE_ADD_REFERENCE = ADD_REFERENCE.replace("1 << 20", "1 << 22")
+ANSWERS_INTO_ITS_INPUT = (
+    WIDE_ADD_REFERENCE.replace("class Model(", "class ModelNew(")
+    .replace(
+        "return x + y",
+        "if _timed():\n            return torch.add(x, y, out=x)\n        return x + y",
+    )
+    .replace(
+        "import torch\n",
+        "import sys\nimport torch\n\n\ndef _timed():\n    frame = sys._getframe(2)\n    while frame is not None:\n"
+        "        if frame.f_code.co_name == '_time_drawn':\n            return True\n        frame = frame.f_back\n"
+        "    return False\n",
+        1,
+    )
+)
+
+
+@pytest.mark.xfail(
+    reason="open: timed calls' inputs are not checked for changes (docs/evaluator.md, Not covered)",
+    strict=False,  # its gain is near the honest spread on a loaded machine
+)
+def test_answers_written_into_the_timed_inputs_buy_no_speed(any_client: httpx.Client) -> None:
+    result = evaluate(any_client, ANSWERS_INTO_ITS_INPUT, WIDE_ADD_REFERENCE, timing_trials=20, device="cpu")
+    assert result["status"] != "correct" or result["speedup"] < 1.2, result
+
+
 # Against ADD_REFERENCE: a torch function mode, pushed at import, wraps every tensor drawn for a timed block in an
 # object of its own, which is neither a tensor nor a number: the refill (when every call was refilled into one set
 # of buffers) handed such values to the call as drawn, so each call's inputs lay in memory no later refill wrote
