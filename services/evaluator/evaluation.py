@@ -143,6 +143,8 @@ class ReferenceData:
     # What the reference's run peaked at on its GPU (torch's reserved memory; 0 on a CPU): each evaluation's
     # device memory is admitted from it (device_memory).
     device_peak_bytes: int = 0
+    # Whether a trial's call changed its inputs (in place): a timed call's inputs are then not checked for changes.
+    writes_inputs: bool = False
 
     @functools.cached_property
     def max_output_leaves(self) -> int:
@@ -386,6 +388,9 @@ class Evaluator:
             peak = result.get("device_peak_bytes", 0)
             if type(peak) is not int or peak < 0:
                 raise ValueError(f"a malformed device peak {peak!r}"[:200])
+            writes_inputs = result.get("writes_inputs")
+            if type(writes_inputs) is not bool:
+                raise ValueError("no word on whether the reference writes its inputs")
             if data_path == "drawn":
                 input_bytes: list[bytes] = []
                 skeletons = result.get("skeletons")
@@ -401,7 +406,7 @@ class Evaluator:
             raise EvaluatorFailure(f"the reference's outputs are unreadable: {type(exc).__name__}: {exc}") from exc
         return ReferenceData(
             init_bytes, input_bytes, inputs, expected, str(result.get("device", "")), str(result.get("torch_version")),
-            signed, data_path, peak,
+            signed, data_path, peak, writes_inputs,
         )  # fmt: skip
 
 
@@ -430,6 +435,8 @@ class Block:
     wall_s: float
     sketches: list[str] | None  # on a GPU only
     digest: Any = None
+    # The reported digest of the inputs the calls were handed, as the calls left them (under the same seed).
+    inputs_digest: Any = None
     # The judge's own hash of the output it will check, read from the stopped worker's memory (CPU: held_memory).
     held_hash: str | None = None
     drawn_s: float = 0.0
@@ -1112,6 +1119,8 @@ class Judge:
                     )
             if self._stale(blocks["reference"][-1], blocks["candidate"][-1], f"timed block {index}"):
                 break
+            if self._inputs_written(blocks["reference"][-1], blocks["candidate"][-1], f"timed block {index}"):
+                break
             if check_call is not None:
                 call, block = check_call, blocks["candidate"][-1]
                 sketch = block.sketches[call] if block.sketches is not None else None
@@ -1135,6 +1144,28 @@ class Judge:
                 f"the outputs of {which} were wrong on its fresh inputs ({wrong}): an answer cached, computed before "
                 "its inputs changed, or not computed"
             )
+        return bool(wrong)
+
+    def _inputs_written(self, reference: Block, candidate: Block, which: str) -> bool:
+        """Whether the candidate's calls in a block changed the inputs they were handed, as its digest of them after
+        the calls says against the reference's (unless the reference writes its own inputs); flags `input_mutation`
+        if so. Correctness trials check each call's inputs in full, but a candidate can tell a timed call from a
+        trial (by the stack): a red-team candidate wrote its answer into its first input in timed calls only, for an
+        add one memory stream fewer than a fresh output's (`correct` at 1.26-1.43x with no flag). Its digest of
+        untouched inputs would take, after the calls, a copy made before them or the inputs drawn again: more work on
+        the judge's clock than the stream it saved."""
+        if self.reference.writes_inputs:
+            return False
+        wrong = output_digest.mismatch(
+            reference.inputs_digest,
+            candidate.inputs_digest,
+            len(candidate.ms),
+            self.request.atol,
+            self.request.rtol,
+            what="input",
+        )
+        if wrong:
+            self.run_state.flags["input_mutation"] = f"the calls of {which} changed their inputs ({wrong})"
         return bool(wrong)
 
     async def _block(
@@ -1195,10 +1226,10 @@ class Judge:
                 reply, block.digest_s, block.digest_wall_s = await self._command(
                     worker, command, "digested", clocked=True
                 )
-                block.digest = reply.get("digest")
+                block.digest, block.inputs_digest = reply.get("digest"), reply.get("inputs_digest")
                 if worker is not self.timer:
                     self.run_state.replaced |= _names(reply.get("replaced"))
-                if not output_digest.valid(block.digest):
+                if not (output_digest.valid(block.digest) and output_digest.valid(block.inputs_digest)):
                     self.run_state.flags["result_tampering"] = "a malformed digest"
                     raise CandidateFailure
             return block

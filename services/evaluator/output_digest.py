@@ -280,20 +280,23 @@ def _real(tensor: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(values) if values.is_complex() else values
 
 
-def mismatch(reference: Any, candidate: Any, calls: int, atol: float | None, rtol: float | None) -> str:
-    """Why the candidate's block digest cannot come from outputs within tolerance of the reference's, or "" (also
-    where the reference's own sums are not finite: those outputs are left to the full checks)."""
+def mismatch(
+    reference: Any, candidate: Any, calls: int, atol: float | None, rtol: float | None, what: str = "output"
+) -> str:
+    """Why the candidate's block digest cannot come from outputs (or, as `what` says, inputs after the calls) within
+    tolerance of the reference's, or "" (also where the reference's own sums are not finite: those outputs are left
+    to the full checks)."""
     if not isinstance(candidate, list) or len(candidate) != len(reference):
-        return f"{len(candidate) if isinstance(candidate, list) else 'no'} outputs, expected {len(reference)}"
+        return f"{len(candidate) if isinstance(candidate, list) else 'no'} {what}s, expected {len(reference)}"
     for index, (want, got) in enumerate(zip(reference, candidate, strict=True)):
         if got.get("shape") != want["shape"] or got.get("dtype") != want["dtype"]:
-            return f"output {index} has another shape or dtype than the reference's"
+            return f"{what} {index} has another shape or dtype than the reference's"
         if any(value is None for value in want["sums"]):
             continue
         d, p1, p2 = want["sums"]
         got_d = got["sums"][0]
         if not (isinstance(got_d, int | float) and math.isfinite(got_d)):
-            return f"output {index} has NaN/Inf where the reference is finite"
+            return f"{what} {index} has NaN/Inf where the reference is finite"
         a, r = _tolerances(want["dtype"], atol, rtol)
         numel = math.prod(want["shape"]) * (2 if want["dtype"].startswith("complex") else 1)
         p0 = calls * min(numel, SAMPLE_ELEMENTS)
@@ -301,7 +304,7 @@ def mismatch(reference: Any, candidate: Any, calls: int, atol: float | None, rto
         bound = calls * (a * a * p0 + 2 * a * r * p1 + r * r * p2)
         slack = (EXACT_SUM_SLACK if a == r == 0 else SUM_SLACK) * math.sqrt(p2)
         if abs(got_d - d) > DIGEST_Z * math.sqrt(bound) + slack:
-            return f"output {index} differs from the reference's beyond atol={a:g} rtol={r:g}"
+            return f"{what} {index} differs from the reference's beyond atol={a:g} rtol={r:g}"
     return ""
 
 

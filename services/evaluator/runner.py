@@ -254,6 +254,7 @@ def run_reference(context: WorkerContext, job: dict[str, Any]) -> None:
     written: dict[str, str] = {}
     _save_bound(to_plain(init_inputs), context.home, "init.pt", written)
     signs, skeletons = [], []
+    writes_inputs = False
     with torch.no_grad():
         for trial in range(job["trials"]):
             inputs, signed = _reference_trial(backend, module, model, seed + 1 + trial, trial)
@@ -263,8 +264,10 @@ def run_reference(context: WorkerContext, job: dict[str, Any]) -> None:
             seed_everything(seed + 1 + trial)  # the candidate's call starts from the same random state (dropout)
             args = backend.prepare_inputs(inputs)
             skeleton_inputs = skeleton(args)  # before the call: a reference may change its inputs in place
+            untouched = output_digest.block_digest([input_tensors(args)], seed)
             outputs = model(*args)
             backend.synchronize()
+            writes_inputs = writes_inputs or output_digest.block_digest([input_tensors(args)], seed) != untouched
             if drawn:
                 skeletons.append({"inputs": skeleton_inputs, "expected": skeleton(outputs)})
             else:
@@ -276,7 +279,19 @@ def run_reference(context: WorkerContext, job: dict[str, Any]) -> None:
     if backend.name == "cuda":
         # What the service admits each evaluation of this reference to the GPU for (device_memory).
         fields["device_peak_bytes"] = torch.cuda.max_memory_reserved()
-    context.emit("result", device=backend.describe(), torch_version=torch.__version__, signed=signs, **fields)
+    context.emit(
+        "result",
+        device=backend.describe(),
+        torch_version=torch.__version__,
+        signed=signs,
+        writes_inputs=writes_inputs,
+        **fields,
+    )
+
+
+def input_tensors(values: list[Any]) -> list[Any]:
+    """The tensors of an input set (a number cannot be changed in place)."""
+    return [value for value in values if isinstance(value, _Tensor)]
 
 
 def _save_bound(value: Any, home: Path, name: str, written: dict[str, str]) -> None:
@@ -536,9 +551,12 @@ class InputSets:
         # which every set handed to a call must be one of.
         self.kinds = kinds
         self.drawn: list[list[Any]] = []
+        # The sets the last block's calls were handed, as the calls left them: the digest checks them against the
+        # reference's, then lets them go.
+        self.handed: list[list[Any]] = []
 
     def draw_all(self, seeds: list[int], signed: bool = False) -> None:
-        self.drawn = []  # the last block's sets are freed first
+        self.drawn, self.handed = [], []  # the last block's sets are freed first
         if seeds:
             _seed_host_generators(seeds[0])
         self.drawn = [self.draw(seed, signed) for seed in seeds]
@@ -634,12 +652,18 @@ def serve_timing(
                 replaced = _replaced(guard)
                 with _no_grad():
                     records = output_digest.block_digest(outputs, int(command["seed"]))
+                    handed = [input_tensors(values) for values in inputs.handed]
+                    inputs.handed = []
+                    inputs_records = output_digest.block_digest(handed, int(command["seed"]))
+                    del handed
             except BaseException:
                 context.emit("error", stage="timing", message=traceback.format_exc())
                 return
-            context.emit("digested", nonce=command["nonce"], digest=records, replaced=replaced)
+            context.emit(
+                "digested", nonce=command["nonce"], digest=records, inputs_digest=inputs_records, replaced=replaced
+            )
         elif op == "block":
-            outputs = []  # the last block's, freed before this one's are made
+            outputs, inputs.handed = [], []  # the last block's, freed before this one's are made
             try:
                 with _no_grad():
                     if command.get("set") is not None or command.get("trial_seed") is not None:
@@ -727,9 +751,11 @@ def _time_drawn(
     times, outputs = [], []
     call = copied_call if copy else model
     for values in inputs.drawn:
-        milliseconds, out = backend.time_call(call, inputs.checked(values))
+        handed = inputs.checked(values)
+        milliseconds, out = backend.time_call(call, handed)
         times.append(milliseconds)
         outputs.append(out)
+        inputs.handed.append(handed)
     inputs.drawn = []
     return times, outputs
 

@@ -159,7 +159,7 @@ return x.clamp_min(0) * self.scale
 
 # Takes over the worker's timing loop (hidden from the guard: what stops it must be the judge). It reports a tenth
 # of a microsecond per call; __BLOCK__ is what it does in a block, __SKETCHED__ the outputs its reply commits to
-# (output_digest.block_sketches), __DIGEST__ its digest of the block's outputs.
+# (output_digest.block_sketches), __DIGEST__ its digest of the block's outputs (and of the inputs, drawn again).
 _TAKEOVER = """
 import torch
 import services.evaluator.runner as _runner
@@ -186,7 +186,10 @@ def _serve(context, model, inputs, guard):
         elif op == "digest":
             with torch.no_grad():
                 digest = _runner.output_digest.block_digest(__DIGEST__, int(command["seed"]))
-            context.emit("digested", nonce=command["nonce"], digest=digest)
+                # The inputs as drawn, which its calls (if any) left unchanged.
+                untouched = [_runner.input_tensors(inputs.draw(s)) for s in seeds]
+                inputs_digest = _runner.output_digest.block_digest(untouched, int(command["seed"]))
+            context.emit("digested", nonce=command["nonce"], digest=digest, inputs_digest=inputs_digest)
         elif op == "save":
             call = int(command["call"])
             values = inputs.one_set(one_set) if one_set is not None else inputs.draw(seeds[call])
@@ -1296,9 +1299,9 @@ def test_no_copy_of_the_runners_runs_between_timed_calls(any_client: httpx.Clien
 
 
 # An add of two 16 MiB vectors, and a candidate that writes its answer into its own first input in timed calls (found
-# on the stack), sparing a fresh output's allocation and first writes; in correctness trials, where inputs are checked
-# for changes, it adds honestly. Timed calls' inputs are not checked. A red-team pass: correct with no flag at 1.26x
-# and 1.43x in process isolation (honest copies 1.00-1.13x); in strict, charged for its draws, 0.33-0.85x.
+# on the stack), one memory stream fewer than a fresh output's; in correctness trials, where inputs are checked for
+# changes, it adds honestly. Before the digest covered the timed calls' inputs, a red-team pass scored it correct at
+# 1.26x and 1.43x with no flag in process isolation (honest copies 1.00-1.13x).
 WIDE_ADD_REFERENCE = ADD_REFERENCE.replace("1 << 20", "1 << 22")
 ANSWERS_INTO_ITS_INPUT = (
     WIDE_ADD_REFERENCE.replace("class Model(", "class ModelNew(")
@@ -1316,13 +1319,21 @@ ANSWERS_INTO_ITS_INPUT = (
 )
 
 
-@pytest.mark.xfail(
-    reason="open: timed calls' inputs are not checked for changes (docs/evaluator.md, Not covered)",
-    strict=False,  # its gain is near the honest spread on a loaded machine
-)
-def test_answers_written_into_the_timed_inputs_buy_no_speed(any_client: httpx.Client) -> None:
+def test_answers_written_into_the_timed_inputs_are_rejected(any_client: httpx.Client) -> None:
     result = evaluate(any_client, ANSWERS_INTO_ITS_INPUT, WIDE_ADD_REFERENCE, timing_trials=20, device="cpu")
-    assert result["status"] != "correct" or result["speedup"] < 1.2, result
+    assert result["status"] == "rejected" and "input_mutation" in result["flags"], result
+    assert "changed their inputs" in result["message"], result["message"]
+
+
+# A reference that adds into its first input: the check of timed calls' inputs is left out for it, so an honest
+# candidate, which correctness trials hold to inputs left as drawn, is not charged with the reference's writes.
+IN_PLACE_ADD_REFERENCE = ADD_REFERENCE.replace("return x + y", "return x.add_(y)")
+
+
+def test_a_reference_that_writes_its_inputs_leaves_an_honest_candidate_correct(any_client: httpx.Client) -> None:
+    honest = ADD_REFERENCE.replace("class Model(", "class ModelNew(")
+    result = evaluate_honest(any_client, honest, IN_PLACE_ADD_REFERENCE, device="cpu")
+    assert "input_mutation" not in result["flags"], result
 
 
 # Against ADD_REFERENCE: a torch function mode, pushed at import, wraps every tensor drawn for a timed block in an
