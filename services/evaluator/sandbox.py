@@ -756,7 +756,7 @@ def write_readonly_file(path: Path, data: bytes) -> None:
 
 
 def process_table() -> dict[int, tuple[int, set[int]]]:
-    """Every process of the host: pid -> (parent pid, its real and effective uids), from one read of each
+    """Every process of the host: pid -> (parent pid, its real and saved uids), from one read of each
     /proc/<pid>/status. The judge scans several times per timed block, and with 16 evaluations on a GPU host these
     scans were most of what the service ran: plain os reads and a search for the two fields, no file objects, no
     split into lines, no psutil (which reads two files per process and builds an object for each)."""
@@ -776,14 +776,18 @@ def process_table() -> dict[int, tuple[int, set[int]]]:
         ppid_at, uid_at = status.find(b"\nPPid:"), status.find(b"\nUid:")
         if ppid_at < 0 or uid_at < 0:
             continue
+        # Real, effective, saved, filesystem. Not the effective uid: the uid signaller takes a job's for each
+        # request (real and saved uids no job holds), and a kill scan for that job that ran meanwhile in another
+        # thread (a memory watch's kill beside the evaluation's own) killed the signaller, so that every later
+        # evaluation ended evaluator_error. Real or saved is also who the kernel lets a job's processes signal.
         uids = status[uid_at + 5 : status.find(b"\n", uid_at + 1)].split()
-        table[int(name)] = (int(status[ppid_at + 6 : status.find(b"\n", ppid_at + 1)]), {int(uids[0]), int(uids[1])})
+        table[int(name)] = (int(status[ppid_at + 6 : status.find(b"\n", ppid_at + 1)]), {int(uids[0]), int(uids[2])})
     return table
 
 
 def job_pids(uid: int | None, root_pids: list[int], table: dict[int, tuple[int, set[int]]] | None = None) -> list[int]:
     """Pids of a worker's job: the roots that are alive, their descendants, and in strict isolation every process
-    whose real or effective uid is the job's (one scan of /proc, or `table` where the caller has one)."""
+    whose real or saved uid is the job's (one scan of /proc, or `table` where the caller has one)."""
     table = process_table() if table is None else table
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in table.items():

@@ -179,6 +179,33 @@ def test_no_job_can_signal_the_signaller(signaller: UidSignaller) -> None:
     signaller.signal(uid, signal.SIGCONT)  # still answers
 
 
+def test_a_kill_scan_for_a_job_beside_its_signals_leaves_the_signaller(signaller: UidSignaller) -> None:
+    """While the signaller sends a job's signal its effective uid is the job's: a kill by scan for the same job in
+    another thread (a memory watch's kill beside the evaluation's own) found it there and killed it, and every later
+    evaluation of that service ended evaluator_error."""
+    uid = sandbox_uid_base() + 4007
+    done, failures = threading.Event(), []
+
+    def signal_the_job() -> None:
+        try:
+            while not done.is_set():
+                signaller.signal(uid, signal.SIGCONT)
+        except RuntimeError as error:
+            failures.append(error)
+
+    sender = threading.Thread(target=signal_the_job)
+    sender.start()
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and sender.is_alive():
+            kill_all(uid, 2**22 + 7, None, rounds=1)  # no such root: only the scan by uid
+    finally:
+        done.set()
+        sender.join()
+    assert not failures, failures
+    signaller.signal(uid, signal.SIGCONT)  # still answers
+
+
 def test_the_signaller_refuses_what_the_service_never_sends(signaller: UidSignaller) -> None:
     with pytest.raises(RuntimeError, match="signaller failed"):
         signaller.signal(0, signal.SIGKILL)
