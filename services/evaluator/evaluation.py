@@ -437,8 +437,10 @@ class Block:
     digest: Any = None
     # The reported digest of the inputs the calls were handed, as the calls left them (under the same seed).
     inputs_digest: Any = None
-    # The judge's own hash of the output it will check, read from the stopped worker's memory (CPU: held_memory).
+    # The judge's own hash of the output it will check, read from the stopped worker's memory (CPU: held_memory),
+    # and of that call's inputs as the calls left them.
     held_hash: str | None = None
+    held_inputs_hash: str | None = None
     drawn_s: float = 0.0
     digest_s: float = 0.0
     # The same steps by the wall clock: on a CPU the judge's clock is CPU time, which a process that exits before
@@ -1112,7 +1114,9 @@ class Judge:
             order = ("reference", "candidate") if index % 2 == 0 else ("candidate", "reference")
             for role in order:
                 if role == "reference":
-                    blocks[role].append(await self._block(timer, seeds, digest_seed=digest_seed))
+                    blocks[role].append(
+                        await self._block(timer, seeds, digest_seed=digest_seed, inputs_call=check_call)
+                    )
                 else:
                     blocks[role].append(
                         await self._block(candidate, seeds, digest_seed=digest_seed, check_call=check_call)
@@ -1121,6 +1125,14 @@ class Judge:
                 break
             if self._inputs_written(blocks["reference"][-1], blocks["candidate"][-1], f"timed block {index}"):
                 break
+            held = blocks["reference"][-1].held_inputs_hash, blocks["candidate"][-1].held_inputs_hash
+            if None not in held and held[0] != held[1]:
+                if not self.reference.writes_inputs:
+                    self.run_state.flags["input_mutation"] = (
+                        f"the inputs of timed call {check_call} of block {index}, read from the worker's memory after "
+                        "the block, are not the ones drawn for it: the calls changed their inputs"
+                    )
+                    break
             if check_call is not None:
                 call, block = check_call, blocks["candidate"][-1]
                 sketch = block.sketches[call] if block.sketches is not None else None
@@ -1151,18 +1163,14 @@ class Judge:
         the calls says against the reference's (unless the reference writes its own inputs); flags `input_mutation`
         if so. Correctness trials check each call's inputs in full, but a candidate can tell a timed call from a
         trial (by the stack): a red-team candidate wrote its answer into its first input in timed calls only, for an
-        add one memory stream fewer than a fresh output's (`correct` at 1.26-1.43x with no flag). Its digest of
-        untouched inputs would take, after the calls, a copy made before them or the inputs drawn again: more work on
-        the judge's clock than the stream it saved."""
+        add one memory stream fewer than a fresh output's (`correct` at 1.26-1.43x with no flag). The digest is the
+        worker's word, and reads sampled positions; on a CPU the judge also reads one call's inputs from the stopped
+        worker's memory (`_block`), as it reads its output, which holds the block to untouched bytes: keeping them
+        would take a copy of every set before the calls, a stream more than the one saved."""
         if self.reference.writes_inputs:
             return False
         wrong = output_digest.mismatch(
-            reference.inputs_digest,
-            candidate.inputs_digest,
-            len(candidate.ms),
-            self.request.atol,
-            self.request.rtol,
-            what="input",
+            reference.inputs_digest, candidate.inputs_digest, len(candidate.ms), None, None, inputs=True
         )
         if wrong:
             self.run_state.flags["input_mutation"] = f"the calls of {which} changed their inputs ({wrong})"
@@ -1175,11 +1183,14 @@ class Judge:
         digest_seed: int | None = None,
         one_set: dict[str, Any] | None = None,
         check_call: int | None = None,
+        inputs_call: int | None = None,
     ) -> Block:
         """One block, each step timed by the judge with the other worker stopped (from the first step to the last, so
         one scan stops it): draw the inputs from `seeds` (or take the one set `one_set` names, the re-check's), a timed call on each, then
         the digest of the outputs under `digest_seed`. On a CPU the output of `check_call` is read from the worker's
-        memory while its job is stopped after the block (held_memory), before anything of it runs again."""
+        memory while its job is stopped after the block (held_memory), before anything of it runs again, and with it
+        the inputs of that call; the reference's timer hashes its inputs of call `inputs_call` itself. Both must be
+        the same bytes."""
         async with self._paused(worker):
             drawn_s = drawn_wall_s = 0.0
             if one_set is None:
@@ -1221,8 +1232,15 @@ class Judge:
                 raise _OutputsReused
             if check_call is not None and self.gpu is None:
                 block.held_hash = await self._read_held(worker, reply.get("regions"), calls, check_call)
+                if one_set is None:
+                    block.held_inputs_hash = await self._read_held(
+                        worker, reply.get("input_regions"), calls, check_call, inputs=True
+                    )
+            # The timer's own hash of the same call's inputs, after its digest, off the clock (a process the
+            # candidate cannot reach, so its word stands; in process isolation the judge may not read its memory).
+            hash_inputs = inputs_call is not None and self.gpu is None
             if digest_seed is not None:
-                command = {"op": "digest", "seed": digest_seed}
+                command = {"op": "digest", "seed": digest_seed, "keep_inputs": hash_inputs}
                 reply, block.digest_s, block.digest_wall_s = await self._command(
                     worker, command, "digested", clocked=True
                 )
@@ -1232,17 +1250,24 @@ class Judge:
                 if not (output_digest.valid(block.digest) and output_digest.valid(block.inputs_digest)):
                     self.run_state.flags["result_tampering"] = "a malformed digest"
                     raise CandidateFailure
+            if hash_inputs:
+                reply, _, _ = await self._command(worker, {"op": "inputs_hash", "call": inputs_call}, "inputs_hashed")
+                block.held_inputs_hash = reply.get("hash")
+                if not isinstance(block.held_inputs_hash, str):
+                    self._timer_lost("its reply carried no hash of a call's inputs")
             return block
 
-    async def _read_held(self, worker: Worker, regions: Any, calls: int, call: int) -> str | None:
-        """The hash of one call's output read from the stopped worker's memory where its reply put it (None where
-        the job's processes are gone). A job that made itself undumpable, or put its output where nothing can be
-        read, is result_tampering; a service that may not read the memory is evaluator_error (an unbound check
-        would let a forged output through)."""
+    async def _read_held(self, worker: Worker, regions: Any, calls: int, call: int, inputs: bool = False) -> str | None:
+        """The hash of one call's output (or `inputs`) read from the stopped candidate worker's memory where its reply
+        put it (None where the job's processes are gone). A job that made itself undumpable, or put its output where
+        nothing can be read, is result_tampering; a service that may not read the memory is evaluator_error (an
+        unbound check would let a forged output through)."""
+        what = "inputs" if inputs else "output"
         if not held_memory.valid_regions(regions, calls):
-            self.run_state.flags["result_tampering"] = "a timing reply without the place of each call's output"
+            self.run_state.flags["result_tampering"] = f"a timing reply without the place of each call's {what}"
             raise CandidateFailure
-        max_bytes = 2 * _nbytes(self.reference.expected[0]) + 4096
+        largest = max(map(_nbytes, self.reference.inputs)) if inputs else _nbytes(self.reference.expected[0])
+        max_bytes = 2 * largest + 4096
         try:
             pid = held_memory.worker_pid(worker.proc.pid, strict=worker.uid is not None)
             held_hash = await asyncio.to_thread(
@@ -1250,7 +1275,7 @@ class Judge:
             )
             aliased = await asyncio.to_thread(held_memory.aliased_pages, pid)
         except held_memory.UnreadableMemory as error:
-            self.run_state.flags["result_tampering"] = f"the output of timed call {call} could not be read: {error}"
+            self.run_state.flags["result_tampering"] = f"the {what} of timed call {call} could not be read: {error}"
             raise CandidateFailure from error
         except PermissionError as error:
             # The service could not read a worker's memory at start-up either: not the job's doing. A check the

@@ -15,7 +15,8 @@ probability under 2 * exp(-DIGEST_Z**2 / 2); the bound is a polynomial in the re
 much more than the tolerance over many elements (a stale answer, another input's answer, nothing computed) fail
 almost surely; a few wrong calls or elements may pass, and are left to the full checks of single calls
 (Judge._check). Sampled positions keep the digest's cost per call small and the same for any output layout, so it
-adds little, and the same, to both sides' blocks on the judge's clock.
+adds little, and the same, to both sides' blocks on the judge's clock. The same sums over the block's input sets as
+its calls left them (`sets_digest`) are held to the reference's with no tolerance: untouched sets are the same draws.
 
 On a GPU (on a CPU the judge reads the output it checks from the worker's memory itself: held_memory) the
 positions are unknown during the calls, but code of the candidate's could run in the digest (the worker's code
@@ -85,6 +86,16 @@ def block_digest(outputs: list[Any], seed: int) -> list[dict[str, Any]]:
         sums = _sums([tensors[index] for tensors in calls], _tensor_seed(seed, index))
         records.append({"shape": shape, "dtype": dtype, "sums": [v if math.isfinite(v) else None for v in sums]})
     return records
+
+
+def sets_digest(sets: list[list[torch.Tensor]], seed: int) -> list[dict[str, Any]]:
+    """`block_digest` of a block's input sets (each a list of plain tensors), which unlike its outputs may differ in
+    layout from call to call (a problem's `get_inputs` may draw sets of more than one kind): the sets of each layout
+    digested together, in the order each layout first appears."""
+    groups: dict[str, list[list[torch.Tensor]]] = {}
+    for tensors in sets:
+        groups.setdefault(repr(_layout(tensors)), []).append(tensors)
+    return [record for group in groups.values() for record in block_digest(group, seed)]
 
 
 def block_sketches(outputs: list[Any]) -> list[str]:
@@ -281,11 +292,16 @@ def _real(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def mismatch(
-    reference: Any, candidate: Any, calls: int, atol: float | None, rtol: float | None, what: str = "output"
+    reference: Any, candidate: Any, calls: int, atol: float | None, rtol: float | None, inputs: bool = False
 ) -> str:
-    """Why the candidate's block digest cannot come from outputs (or, as `what` says, inputs after the calls) within
-    tolerance of the reference's, or "" (also where the reference's own sums are not finite: those outputs are left
-    to the full checks)."""
+    """Why the candidate's block digest cannot come from outputs within tolerance of the reference's, or "" (also
+    where the reference's own sums are not finite: those outputs are left to the full checks).
+
+    `inputs`: the digests are of the block's input sets after its calls (sets_digest). Sets the calls left as drawn
+    are the same draws on both sides, so no tolerance is allowed, only the rounding of the sums (floating sums may
+    be reduced in another order): under the outputs' tolerance, whose bound grows with the calls, a candidate that
+    wrote its answers into its inputs passed whole blocks of fast calls."""
+    what = "input" if inputs else "output"
     if not isinstance(candidate, list) or len(candidate) != len(reference):
         return f"{len(candidate) if isinstance(candidate, list) else 'no'} {what}s, expected {len(reference)}"
     for index, (want, got) in enumerate(zip(reference, candidate, strict=True)):
@@ -297,12 +313,14 @@ def mismatch(
         got_d = got["sums"][0]
         if not (isinstance(got_d, int | float) and math.isfinite(got_d)):
             return f"{what} {index} has NaN/Inf where the reference is finite"
-        a, r = _tolerances(want["dtype"], atol, rtol)
+        exact_type = _tolerances(want["dtype"], None, None) == (0.0, 0.0)
+        a, r = (0.0, 0.0) if inputs else _tolerances(want["dtype"], atol, rtol)
         numel = math.prod(want["shape"]) * (2 if want["dtype"].startswith("complex") else 1)
         p0 = calls * min(numel, SAMPLE_ELEMENTS)
         # c * sum(tol**2), tol = a + r|v|: the error at one position, summed over c calls, is at most c * tol.
         bound = calls * (a * a * p0 + 2 * a * r * p1 + r * r * p2)
-        slack = (EXACT_SUM_SLACK if a == r == 0 else SUM_SLACK) * math.sqrt(p2)
+        exact_sums = a == r == 0 and (exact_type or not inputs)
+        slack = (EXACT_SUM_SLACK if exact_sums else SUM_SLACK) * math.sqrt(p2)
         if abs(got_d - d) > DIGEST_Z * math.sqrt(bound) + slack:
             return f"{what} {index} differs from the reference's beyond atol={a:g} rtol={r:g}"
     return ""

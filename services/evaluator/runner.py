@@ -264,10 +264,11 @@ def run_reference(context: WorkerContext, job: dict[str, Any]) -> None:
             seed_everything(seed + 1 + trial)  # the candidate's call starts from the same random state (dropout)
             args = backend.prepare_inputs(inputs)
             skeleton_inputs = skeleton(args)  # before the call: a reference may change its inputs in place
-            untouched = output_digest.block_digest([input_tensors(args)], seed)
+            # In full (a sampled digest misses a write to a few elements): whether the timed calls' inputs are checked.
+            untouched = output_digest.output_sketch(input_tensors(args))
             outputs = model(*args)
             backend.synchronize()
-            writes_inputs = writes_inputs or output_digest.block_digest([input_tensors(args)], seed) != untouched
+            writes_inputs = writes_inputs or output_digest.output_sketch(input_tensors(args)) != untouched
             if drawn:
                 skeletons.append({"inputs": skeleton_inputs, "expected": skeleton(outputs)})
             else:
@@ -289,9 +290,10 @@ def run_reference(context: WorkerContext, job: dict[str, Any]) -> None:
     )
 
 
-def input_tensors(values: list[Any]) -> list[Any]:
-    """The tensors of an input set (a number cannot be changed in place)."""
-    return [value for value in values if isinstance(value, _Tensor)]
+def input_tensors(values: list[Any]) -> list[torch.Tensor]:
+    """The tensors of an input set (a number cannot be changed in place), as plain tensors over their memory (the
+    digest takes plain tensors only; a reference's `get_inputs` may return a parameter)."""
+    return [_as_plain(value) for value in values if isinstance(value, _Tensor)]
 
 
 def _save_bound(value: Any, home: Path, name: str, written: dict[str, str]) -> None:
@@ -551,9 +553,9 @@ class InputSets:
         # which every set handed to a call must be one of.
         self.kinds = kinds
         self.drawn: list[list[Any]] = []
-        # The sets the last block's calls were handed, as the calls left them: the digest checks them against the
-        # reference's, then lets them go.
-        self.handed: list[list[Any]] = []
+        # The tensors of the sets the last block's calls were handed, as the calls left them: the judge reads one
+        # call's from memory after the block (CPU), the digest covers them all, then lets them go.
+        self.handed: list[list[torch.Tensor]] = []
 
     def draw_all(self, seeds: list[int], signed: bool = False) -> None:
         self.drawn, self.handed = [], []  # the last block's sets are freed first
@@ -617,9 +619,11 @@ def serve_timing(
     `draw`: draw the next block's inputs, one set per seed (signed where `signed`). `block`: one timed call per drawn
     set (or on the handed-over set `set`), each on its own set; the reply carries every call's milliseconds, on a GPU
     the sketch of every call's whole output (output_digest: what a later `save` is held to), on a CPU where each output
-    lies in memory (the judge reads the one it will check itself: held_memory) and the judge's nonce; the judge keeps
-    the reported numbers only where its clock agrees. `digest`: a digest of the last block's outputs under weights from
-    the judge's seed (output_digest), which the judge checks against the reference's on the same inputs. The judge
+    and each call's inputs lie in memory (the judge reads the one call's it will check itself: held_memory) and the
+    judge's nonce; the judge keeps the reported numbers only where its clock agrees. `digest`: a digest of the last
+    block's outputs, and of its inputs as the calls left them, under weights from the judge's seed (output_digest),
+    which the judge checks against the reference's on the same inputs; the inputs are let go unless `keep_inputs`.
+    `inputs_hash` (the timer only): the hash of one call's inputs the judge compares with what it read. The judge
     clocks each command on both sides, so work moved out of the timed calls into drawing or digesting shows as well.
     `save`: write the output of one call of the last block, chosen by the judge after the block, for it to check in
     full. `check` (the reference's timer only, `checks_candidate`): compare the output a candidate saved for one call of
@@ -652,10 +656,13 @@ def serve_timing(
                 replaced = _replaced(guard)
                 with _no_grad():
                     records = output_digest.block_digest(outputs, int(command["seed"]))
-                    handed = [input_tensors(values) for values in inputs.handed]
-                    inputs.handed = []
-                    inputs_records = output_digest.block_digest(handed, int(command["seed"]))
-                    del handed
+                    # With torch's Python hooks off: a mode of the candidate's is handed the sampled positions by
+                    # the digest's indexing, and could answer with the values drawn there.
+                    inputs_records = _without_candidate_hooks(
+                        functools.partial(output_digest.sets_digest, inputs.handed, int(command["seed"]))
+                    )
+                    if command.get("keep_inputs") is not True:
+                        inputs.handed = []
             except BaseException:
                 context.emit("error", stage="timing", message=traceback.format_exc())
                 return
@@ -675,10 +682,24 @@ def serve_timing(
                     aliased, outputs, sketches, regions = _without_candidate_hooks(
                         functools.partial(_after_the_calls, backend, outputs)
                     )
+                    # Where each call's inputs lie (CPU): the judge reads one call's after the block, as the outputs.
+                    input_regions = (
+                        _without_candidate_hooks(lambda: [_regions(tensors) for tensors in inputs.handed])
+                        if backend.name == "cpu"
+                        else None
+                    )
             except BaseException:
                 context.emit("error", stage="timing", message=traceback.format_exc())
                 return
-            context.emit("block", nonce=command["nonce"], ms=times, sketches=sketches, regions=regions, aliased=aliased)
+            context.emit(
+                "block",
+                nonce=command["nonce"],
+                ms=times,
+                sketches=sketches,
+                regions=regions,
+                input_regions=input_regions,
+                aliased=aliased,
+            )
         elif op == "save":
             try:
                 replaced = _replaced(guard)
@@ -695,6 +716,17 @@ def serve_timing(
                 context.emit("error", stage="check", message=traceback.format_exc())
                 return
             context.emit("checked", nonce=command["nonce"], **found)
+        elif op == "inputs_hash" and checks_candidate:
+            # The hash the judge reads from a candidate's memory for the inputs of the same call (held_memory).
+            try:
+                held = _without_candidate_hooks(
+                    functools.partial(held_memory.saved_hash, inputs.handed[int(command["call"])])
+                )
+                inputs.handed = []
+            except BaseException:
+                context.emit("error", stage="timing", message=traceback.format_exc())
+                return
+            context.emit("inputs_hashed", nonce=command["nonce"], hash=held)
         elif op == "trial" and checks_candidate:
             try:
                 outputs = []
@@ -755,7 +787,7 @@ def _time_drawn(
         milliseconds, out = backend.time_call(call, handed)
         times.append(milliseconds)
         outputs.append(out)
-        inputs.handed.append(handed)
+        inputs.handed.append(input_tensors(handed))
     inputs.drawn = []
     return times, outputs
 

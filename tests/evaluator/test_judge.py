@@ -188,7 +188,7 @@ def _serve(context, model, inputs, guard):
                 digest = _runner.output_digest.block_digest(__DIGEST__, int(command["seed"]))
                 # The inputs as drawn, which its calls (if any) left unchanged.
                 untouched = [_runner.input_tensors(inputs.draw(s)) for s in seeds]
-                inputs_digest = _runner.output_digest.block_digest(untouched, int(command["seed"]))
+                inputs_digest = _runner.output_digest.sets_digest(untouched, int(command["seed"]))
             context.emit("digested", nonce=command["nonce"], digest=digest, inputs_digest=inputs_digest)
         elif op == "save":
             call = int(command["call"])
@@ -1323,6 +1323,42 @@ def test_answers_written_into_the_timed_inputs_are_rejected(any_client: httpx.Cl
     result = evaluate(any_client, ANSWERS_INTO_ITS_INPUT, WIDE_ADD_REFERENCE, timing_trials=20, device="cpu")
     assert result["status"] == "rejected" and "input_mutation" in result["flags"], result
     assert "changed their inputs" in result["message"], result["message"]
+
+
+# ANSWERS_INTO_ITS_INPUT that also forges the digest of its inputs: it keeps a copy of each first input before it
+# writes its answer there, and the runner's digest of the inputs (replaced, the guard silenced) reads the copies. The
+# judge reads one call's inputs from the stopped worker's memory itself (CPU), which the candidate cannot forge.
+FORGES_ITS_INPUTS_DIGEST = ANSWERS_INTO_ITS_INPUT.replace(
+    "            return torch.add(x, y, out=x)",
+    "            _KEPT.append(x.clone())\n            return torch.add(x, y, out=x)",
+).replace(
+    "import torch\n",
+    """import torch
+import services.evaluator.runner as _runner
+
+_runner._replaced = lambda guard: []
+_KEPT = []
+_REAL_DIGEST = _runner.output_digest.sets_digest
+
+
+def _forged_digest(sets, seed):
+    kept = _KEPT[-len(sets):] if sets else []
+    _KEPT.clear()
+    if len(kept) == len(sets):
+        sets = [[copy, *tensors[1:]] for copy, tensors in zip(kept, sets)]
+    return _REAL_DIGEST(sets, seed)
+
+
+_runner.output_digest.sets_digest = _forged_digest
+""",
+    1,
+)
+
+
+def test_answers_written_into_the_timed_inputs_are_read_from_memory(any_client: httpx.Client) -> None:
+    result = evaluate(any_client, FORGES_ITS_INPUTS_DIGEST, WIDE_ADD_REFERENCE, timing_trials=20, device="cpu")
+    assert result["status"] == "rejected" and "input_mutation" in result["flags"], result["message"]
+    assert "read from the worker's memory" in result["message"], result["message"]
 
 
 # A reference that adds into its first input: the check of timed calls' inputs is left out for it, so an honest

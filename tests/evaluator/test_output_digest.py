@@ -239,6 +239,23 @@ def test_complex_parts_are_both_read() -> None:
     assert mismatch(reference, [torch.complex(r.real, -r.imag) for r in reference]) != ""
 
 
+def test_input_sets_of_several_kinds_in_one_block_are_digested_kind_by_kind() -> None:
+    """A problem's get_inputs may draw sets of more than one shape within a block (KernelBench's draw one): their
+    digest reads each kind's sets together, and one element written in place in one set changes it."""
+    generator = torch.Generator().manual_seed(3)
+    sets = [[torch.randn(n, 16, generator=generator), torch.randint(9, (n,), generator=generator)] for n in (4, 7, 4)]
+    digest = output_digest.sets_digest(sets, 5)
+    assert [record["shape"] for record in digest] == [[4, 16], [4], [7, 16], [7]]
+    assert digest[:2] == output_digest.block_digest([sets[0], sets[2]], 5)
+    sets[2][0][1, 2] += 1.0
+    written = output_digest.sets_digest(sets, 5)
+    assert written[0] != digest[0] and written[1:] == digest[1:]
+    # Written over with an answer (x + y into x, the hole it closes), a set is beyond any tolerance.
+    sets[0][0].add_(torch.randn(4, 16, generator=generator))
+    wrong = output_digest.mismatch(digest, output_digest.sets_digest(sets, 5), 2, None, None, inputs=True)
+    assert wrong.startswith("input 0 differs from the reference's"), wrong
+
+
 def test_outputs_that_are_not_plain_tensors_are_refused() -> None:
     class Lazy(torch.Tensor):
         pass
