@@ -5,6 +5,8 @@ input or expected output passes through the service, and hostile candidates get 
 
 from __future__ import annotations
 
+import warnings
+
 import httpx
 import pytest
 
@@ -82,6 +84,10 @@ def test_hostile_candidate_gets_its_verdict(drawn_client: httpx.Client, name: st
     # stale_output), and it passed alone every time; a lasting bias fails twice.
     follow_up = evaluate(drawn_client, sources.CORRECT)
     if follow_up["status"] != "correct":
+        # Shown in the run's warnings summary: what the judge held against it the first time.
+        warnings.warn(
+            f"honest follow-up after {name}: {follow_up['status']} {follow_up['message'][-600:]}", stacklevel=1
+        )
         again = evaluate(drawn_client, sources.CORRECT)
         assert again["status"] == "correct", (again, follow_up)
 
