@@ -265,10 +265,10 @@ def run_reference(context: WorkerContext, job: dict[str, Any]) -> None:
             args = backend.prepare_inputs(inputs)
             skeleton_inputs = skeleton(args)  # before the call: a reference may change its inputs in place
             # In full (a sampled digest misses a write to a few elements): whether the timed calls' inputs are checked.
-            untouched = output_digest.output_sketch(input_tensors(args))
+            untouched = _inputs_sketch(args)
             outputs = model(*args)
             backend.synchronize()
-            writes_inputs = writes_inputs or output_digest.output_sketch(input_tensors(args)) != untouched
+            writes_inputs = writes_inputs or _inputs_sketch(args) != untouched
             if drawn:
                 skeletons.append({"inputs": skeleton_inputs, "expected": skeleton(outputs)})
             else:
@@ -465,7 +465,7 @@ def _call_trial(
 
 def _inputs_sketch(args: list[Any]) -> str:
     """The sketch (output_digest) of a call's input tensors: equal sketches, equal bytes."""
-    return output_digest.output_sketch([value for value in args if isinstance(value, torch.Tensor)])
+    return output_digest.output_sketch(input_tensors(args))
 
 
 def _check_leaves(output: Any, max_leaves: Any) -> None:
