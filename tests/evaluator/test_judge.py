@@ -1361,6 +1361,66 @@ def test_answers_written_into_the_timed_inputs_are_read_from_memory(any_client: 
     assert "read from the worker's memory" in result["message"], result["message"]
 
 
+# ANSWERS_INTO_ITS_INPUT that keeps a copy of each first input as it is drawn (InputSets.draw replaced, the guard
+# silenced) and points both the inputs digest and the input regions the judge reads at the copies. The copies cost
+# the draw, whose extra time the judge charges: in strict isolation `charged_outside_calls`, 0.29-0.30x; in process
+# isolation a red-team pass found it uncharged, `correct` with no flag at 1.44x and 1.82x (honest 0.89-0.96x).
+COPIES_ITS_INPUTS_IN_THE_DRAW = ANSWERS_INTO_ITS_INPUT.replace(
+    "import torch\n",
+    """import torch
+import services.evaluator.runner as _runner
+
+_runner._replaced = lambda guard: []
+_COPY = {}
+_real_draw_all = _runner.InputSets.draw_all
+_real_draw = _runner.InputSets.draw
+
+
+def _draw_all(self, seeds, signed=False):
+    _COPY.clear()
+    return _real_draw_all(self, seeds, signed)
+
+
+def _draw(self, seed, signed=False):
+    values = _real_draw(self, seed, signed)
+    _COPY[values[0].data_ptr()] = values[0].clone()
+    return values
+
+
+_runner.InputSets.draw_all = _draw_all
+_runner.InputSets.draw = _draw
+_real_regions = _runner._regions
+
+
+def _swap(tensors):
+    if isinstance(tensors, list) and tensors and isinstance(tensors[0], torch.Tensor):
+        kept = _COPY.get(tensors[0].data_ptr())
+        if kept is not None:
+            return [kept, *tensors[1:]]
+    return tensors
+
+
+def _regions(output):
+    return _real_regions(_swap(output))
+
+
+_runner._regions = _regions
+_real_digest = _runner.output_digest.sets_digest
+_runner.output_digest.sets_digest = lambda sets, seed: _real_digest([_swap(list(s)) for s in sets], seed)
+""",
+    1,
+)
+
+
+@pytest.mark.xfail(
+    reason="open: in process isolation the copies' cost in the draw went uncharged (docs/evaluator.md, Not covered)",
+    strict=False,  # caught in strict isolation
+)
+def test_inputs_copied_in_the_draw_buy_no_speed(any_client: httpx.Client) -> None:
+    result = evaluate(any_client, COPIES_ITS_INPUTS_IN_THE_DRAW, WIDE_ADD_REFERENCE, timing_trials=20, device="cpu")
+    assert result["status"] != "correct" or result["speedup"] < 1.2, result
+
+
 # A reference that adds into its first input: the check of timed calls' inputs is left out for it, so an honest
 # candidate, which correctness trials hold to inputs left as drawn, is not charged with the reference's writes.
 IN_PLACE_ADD_REFERENCE = ADD_REFERENCE.replace("return x + y", "return x.add_(y)")
