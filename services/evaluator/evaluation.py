@@ -1123,16 +1123,8 @@ class Judge:
                     )
             if self._stale(blocks["reference"][-1], blocks["candidate"][-1], f"timed block {index}"):
                 break
-            if self._inputs_written(blocks["reference"][-1], blocks["candidate"][-1], f"timed block {index}"):
+            if self._inputs_written(blocks["reference"][-1], blocks["candidate"][-1], index, check_call):
                 break
-            held = blocks["reference"][-1].held_inputs_hash, blocks["candidate"][-1].held_inputs_hash
-            if None not in held and held[0] != held[1]:
-                if not self.reference.writes_inputs:
-                    self.run_state.flags["input_mutation"] = (
-                        f"the inputs of timed call {check_call} of block {index}, read from the worker's memory after "
-                        "the block, are not the ones drawn for it: the calls changed their inputs"
-                    )
-                    break
             if check_call is not None:
                 call, block = check_call, blocks["candidate"][-1]
                 sketch = block.sketches[call] if block.sketches is not None else None
@@ -1158,10 +1150,10 @@ class Judge:
             )
         return bool(wrong)
 
-    def _inputs_written(self, reference: Block, candidate: Block, which: str) -> bool:
-        """Whether the candidate's calls in a block changed the inputs they were handed, as its digest of them after
-        the calls says against the reference's (unless the reference writes its own inputs); flags `input_mutation`
-        if so. Correctness trials check each call's inputs in full, but a candidate can tell a timed call from a
+    def _inputs_written(self, reference: Block, candidate: Block, index: int, check_call: int | None) -> bool:
+        """Whether the candidate's calls in block `index` changed the inputs they were handed, as its digest of them
+        after the calls says against the reference's, or (CPU) the inputs of `check_call` read from its memory against
+        the timer's hash of its own (unless the reference writes its own inputs); flags `input_mutation` if so. Correctness trials check each call's inputs in full, but a candidate can tell a timed call from a
         trial (by the stack): a red-team candidate wrote its answer into its first input in timed calls only, for an
         add one memory stream fewer than a fresh output's (`correct` at 1.26-1.43x with no flag). The digest is the
         worker's word, and reads sampled positions; on a CPU the judge also reads one call's inputs from the stopped
@@ -1173,8 +1165,16 @@ class Judge:
             reference.inputs_digest, candidate.inputs_digest, len(candidate.ms), None, None, inputs=True
         )
         if wrong:
-            self.run_state.flags["input_mutation"] = f"the calls of {which} changed their inputs ({wrong})"
-        return bool(wrong)
+            self.run_state.flags["input_mutation"] = f"the calls of timed block {index} changed their inputs ({wrong})"
+            return True
+        held = reference.held_inputs_hash, candidate.held_inputs_hash
+        if None not in held and held[0] != held[1]:
+            self.run_state.flags["input_mutation"] = (
+                f"the inputs of timed call {check_call} of block {index}, read from the worker's memory after the "
+                "block, are not the ones drawn for it: the calls changed their inputs"
+            )
+            return True
+        return False
 
     async def _block(
         self,
