@@ -91,11 +91,24 @@ def block_digest(outputs: list[Any], seed: int) -> list[dict[str, Any]]:
 def sets_digest(sets: list[list[torch.Tensor]], seed: int) -> list[dict[str, Any]]:
     """`block_digest` of a block's input sets (each a list of plain tensors), which unlike its outputs may differ in
     layout from call to call (a problem's `get_inputs` may draw sets of more than one kind): the sets of each layout
-    digested together, in the order each layout first appears."""
+    digested together, in the order each layout first appears, each under a seed of its own (_inputs_seed)."""
     groups: dict[str, list[list[torch.Tensor]]] = {}
     for tensors in sets:
         groups.setdefault(repr(_layout(tensors)), []).append(tensors)
-    return [record for group in groups.values() for record in block_digest(group, seed)]
+    return [
+        record
+        for number, group in enumerate(groups.values())
+        for record in block_digest(group, _inputs_seed(seed, number))
+    ]
+
+
+def _inputs_seed(seed: int, group: int) -> int:
+    """The seed of a group of input sets' digest, drawn apart from the outputs' under the same `seed`: a candidate's
+    torch mode sees the positions the outputs' digest reads (it runs with the candidate's hooks on), and where an
+    input shares its shape and seed with an output, it would know which inputs to restore before the inputs' digest
+    (for an add, an input's value is the output's less the other input's)."""
+    derived = hashlib.blake2b(f"inputs {seed} {group}".encode(), digest_size=8).digest()
+    return int.from_bytes(derived, "little") % (1 << 62)
 
 
 def block_sketches(outputs: list[Any]) -> list[str]:

@@ -246,7 +246,7 @@ def test_input_sets_of_several_kinds_in_one_block_are_digested_kind_by_kind() ->
     sets = [[torch.randn(n, 16, generator=generator), torch.randint(9, (n,), generator=generator)] for n in (4, 7, 4)]
     digest = output_digest.sets_digest(sets, 5)
     assert [record["shape"] for record in digest] == [[4, 16], [4], [7, 16], [7]]
-    assert digest[:2] == output_digest.block_digest([sets[0], sets[2]], 5)
+    assert digest[:2] == output_digest.block_digest([sets[0], sets[2]], output_digest._inputs_seed(5, 0))
     sets[2][0][1, 2] += 1.0
     written = output_digest.sets_digest(sets, 5)
     assert written[0] != digest[0] and written[1:] == digest[1:]
@@ -254,6 +254,14 @@ def test_input_sets_of_several_kinds_in_one_block_are_digested_kind_by_kind() ->
     sets[0][0].add_(torch.randn(4, 16, generator=generator))
     wrong = output_digest.mismatch(digest, output_digest.sets_digest(sets, 5), 2, None, None, inputs=True)
     assert wrong.startswith("input 0 differs from the reference's"), wrong
+
+
+def test_the_inputs_digest_reads_other_positions_than_the_outputs_under_the_same_seed() -> None:
+    """The outputs' digest runs with the candidate's hooks on, so a torch mode sees which positions it reads; an input
+    of the output's shape must not be read at the same ones (restoring those would pass the inputs' digest)."""
+    x = torch.randn(1 << 20, generator=torch.Generator().manual_seed(4))
+    for seed in (5, 1 << 40):
+        assert output_digest.sets_digest([[x]], seed)[0]["sums"] != output_digest.block_digest([x], seed)[0]["sums"]
 
 
 def test_outputs_that_are_not_plain_tensors_are_refused() -> None:
