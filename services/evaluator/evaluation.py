@@ -1114,15 +1114,15 @@ class Judge:
             order = ("reference", "candidate") if index % 2 == 0 else ("candidate", "reference")
             for role in order:
                 if role == "reference":
-                    blocks[role].append(
-                        await self._block(timer, seeds, digest_seed=digest_seed, inputs_call=check_call)
-                    )
+                    blocks[role].append(await self._block(timer, seeds, digest_seed=digest_seed))
                 else:
                     blocks[role].append(
                         await self._block(candidate, seeds, digest_seed=digest_seed, check_call=check_call)
                     )
             if self._stale(blocks["reference"][-1], blocks["candidate"][-1], f"timed block {index}"):
                 break
+            if check_call is not None and self.gpu is None:
+                blocks["reference"][-1].held_inputs_hash = await self._timers_inputs_hash(timer, check_call)
             if self._inputs_written(blocks["reference"][-1], blocks["candidate"][-1], index, check_call):
                 break
             if check_call is not None:
@@ -1183,14 +1183,13 @@ class Judge:
         digest_seed: int | None = None,
         one_set: dict[str, Any] | None = None,
         check_call: int | None = None,
-        inputs_call: int | None = None,
     ) -> Block:
         """One block, each step timed by the judge with the other worker stopped (from the first step to the last, so
         one scan stops it): draw the inputs from `seeds` (or take the one set `one_set` names, the re-check's), a timed call on each, then
         the digest of the outputs under `digest_seed`. On a CPU the output of `check_call` is read from the worker's
         memory while its job is stopped after the block (held_memory), before anything of it runs again, and with it
-        the inputs of that call; the reference's timer hashes its inputs of call `inputs_call` itself. Both must be
-        the same bytes."""
+        the inputs of that call, which the reference's timer keeps to hash once both sides' blocks are done
+        (_timers_inputs_hash)."""
         async with self._paused(worker):
             drawn_s = drawn_wall_s = 0.0
             if one_set is None:
@@ -1236,11 +1235,12 @@ class Judge:
                     block.held_inputs_hash = await self._read_held(
                         worker, reply.get("input_regions"), calls, check_call, inputs=True
                     )
-            # The timer's own hash of the same call's inputs, after its digest, off the clock (a process the
-            # candidate cannot reach, so its word stands; in process isolation the judge may not read its memory).
-            hash_inputs = inputs_call is not None and self.gpu is None
             if digest_seed is not None:
-                command = {"op": "digest", "seed": digest_seed, "keep_inputs": hash_inputs}
+                # On a CPU the timer keeps every block's inputs (to the next draw, or _timers_inputs_hash), checked
+                # call or not: a timer that did more in checked blocks only would tell a candidate that times its
+                # blocks after the timer's which of them go unchecked.
+                keep_inputs = self.gpu is None and worker is self.timer
+                command = {"op": "digest", "seed": digest_seed, "keep_inputs": keep_inputs}
                 reply, block.digest_s, block.digest_wall_s = await self._command(
                     worker, command, "digested", clocked=True
                 )
@@ -1250,12 +1250,18 @@ class Judge:
                 if not (output_digest.valid(block.digest) and output_digest.valid(block.inputs_digest)):
                     self.run_state.flags["result_tampering"] = "a malformed digest"
                     raise CandidateFailure
-            if hash_inputs:
-                reply, _, _ = await self._command(worker, {"op": "inputs_hash", "call": inputs_call}, "inputs_hashed")
-                block.held_inputs_hash = reply.get("hash")
-                if not isinstance(block.held_inputs_hash, str):
-                    self._timer_lost("its reply carried no hash of a call's inputs")
             return block
+
+    async def _timers_inputs_hash(self, timer: Worker, call: int) -> str:
+        """The timer's own hash of its inputs of `call` in the block both sides have just run, off the clock and only
+        once the candidate's block is done, so nothing the timer does before it tells whether the block is checked.
+        The timer is a process the candidate cannot reach, so its word stands (in process isolation the judge may not
+        read its memory)."""
+        reply, _, _ = await self._command(timer, {"op": "inputs_hash", "call": call}, "inputs_hashed")
+        held = reply.get("hash")
+        if not isinstance(held, str):
+            self._timer_lost("its reply carried no hash of a call's inputs")
+        return held
 
     async def _read_held(self, worker: Worker, regions: Any, calls: int, call: int, inputs: bool = False) -> str | None:
         """The hash of one call's output (or `inputs`) read from the stopped candidate worker's memory where its reply
