@@ -3,7 +3,7 @@
 The judge checks a candidate's output in the reference's timer (runner.check_saved_output). Through a file that
 took the candidate's worker a copy to pageable host memory and a `torch.save`, the service a copy, and the timer a
 load and a copy back to the GPU: 6 s for one 2 GiB output on an H200, most of a large KernelBench problem's
-evaluation (a checked call after a quarter of the timed blocks, every correctness trial). Here the worker copies
+evaluation (a checked call after every timed block, every correctness trial). Here the worker copies
 each output tensor's raw bytes into a CUDA virtual-memory allocation of its own (`cuMemCreate`), exports it as a
 POSIX file descriptor (`cuMemExportToShareableHandle`) and sends the descriptor over a unix socket the service gave
 it; the service passes it on to the timer, which maps the allocation read-only and copies it to memory of its own

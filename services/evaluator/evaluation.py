@@ -16,7 +16,6 @@ import hashlib
 import logging
 import math
 import os
-import random
 import secrets
 import signal
 import statistics
@@ -75,11 +74,6 @@ RECHECK_SETS = 1
 # CPU a stopped job's processes may show between the judge's two readings (none, but for the kernel's leftovers
 # from stopping) before the job is taken to have run meanwhile.
 RAN_WHILE_STOPPED_S = 0.002
-# Share of timed candidate blocks whose output (of one call, chosen after the block) is checked; the last always is.
-CHECK_PROBABILITY = 0.25
-# Which blocks and calls are checked, from the operating system's generator: the module's own is a Mersenne Twister
-# whose state the choices it made (a check's call and whether one was made, seen by the candidates) would give away.
-_unpredictable = random.SystemRandom()
 # The candidate's time not explained by its report may exceed the reference's (median per block) by this share of
 # the block's wall time plus this many seconds, or by less than chance under load allows (a one-sided rank test at
 # this z, about p = 0.001); more means work the report hides (another stream, a false report).
@@ -1103,14 +1097,17 @@ class Judge:
     async def _timed_blocks(self, candidate: Worker, timer: Worker, calls: int) -> dict[str, list[Block]]:
         """`_block_count(calls)` blocks of `calls` calls on each side, alternating which goes first, every call on
         fresh inputs drawn from a seed sent with the block. Each candidate block's digest is checked against the
-        reference's; after some blocks, one call's whole output is checked against the reference's."""
+        reference's, and after each block one call's whole output, chosen before it and told to no worker."""
         blocks: dict[str, list[Block]] = {"reference": [], "candidate": []}
         count = self._block_count(calls)
         for index in range(count):
             seeds, digest_seed = self._fresh_seeds(calls), secrets.randbits(62)
-            # Chosen now, told to no worker: whether a call of this block is checked in full, and which.
-            last = index == count - 1
-            check_call = secrets.randbelow(calls) if last or _unpredictable.random() < CHECK_PROBABILITY else None
+            # Chosen now, told to no worker: the call of this block checked in full. Every block has one: the speedup
+            # is a median of blocks, so a candidate that skipped work in just over half of them, where a quarter
+            # were checked, set the median unchecked often enough to win on average (a red-team candidate
+            # computing part of each output and answering the digest's positions in a mode: `correct` at 15-40x in
+            # 1-2 of 6-8 evaluations at 5 timing trials, rejected otherwise).
+            check_call = secrets.randbelow(calls)
             order = ("reference", "candidate") if index % 2 == 0 else ("candidate", "reference")
             for role in order:
                 if role == "reference":
@@ -1121,20 +1118,19 @@ class Judge:
                     )
             if self._stale(blocks["reference"][-1], blocks["candidate"][-1], f"timed block {index}"):
                 break
-            if check_call is not None and self.gpu is None:
+            if self.gpu is None:
                 blocks["reference"][-1].held_inputs_hash = await self._timers_inputs_hash(timer, check_call)
             if self._inputs_written(blocks["reference"][-1], blocks["candidate"][-1], index, check_call):
                 break
-            if check_call is not None:
-                call, block = check_call, blocks["candidate"][-1]
-                sketch = block.sketches[call] if block.sketches is not None else None
-                if not await self._check(candidate, call, sketch, block.held_hash):
-                    self.run_state.flags.setdefault(
-                        "stale_output",
-                        f"the output of timed call {call} of block {index} was wrong (an answer cached or computed "
-                        "before its inputs changed)",
-                    )
-                    break
+            block = blocks["candidate"][-1]
+            sketch = block.sketches[check_call] if block.sketches is not None else None
+            if not await self._check(candidate, check_call, sketch, block.held_hash):
+                self.run_state.flags.setdefault(
+                    "stale_output",
+                    f"the output of timed call {check_call} of block {index} was wrong (an answer cached or computed "
+                    "before its inputs changed)",
+                )
+                break
         return blocks
 
     def _stale(self, reference: Block, candidate: Block, which: str) -> bool:
@@ -1150,7 +1146,7 @@ class Judge:
             )
         return bool(wrong)
 
-    def _inputs_written(self, reference: Block, candidate: Block, index: int, check_call: int | None) -> bool:
+    def _inputs_written(self, reference: Block, candidate: Block, index: int, check_call: int) -> bool:
         """Whether the candidate's calls in block `index` changed the inputs they were handed, as its digest of them
         after the calls says against the reference's, or (CPU) the inputs of `check_call` read from its memory against
         the timer's hash of its own (unless the reference writes its own inputs); flags `input_mutation` if so. Correctness trials check each call's inputs in full, but a candidate can tell a timed call from a
@@ -1236,9 +1232,8 @@ class Judge:
                         worker, reply.get("input_regions"), calls, check_call, inputs=True
                     )
             if digest_seed is not None:
-                # On a CPU the timer keeps every block's inputs (to the next draw, or _timers_inputs_hash), checked
-                # call or not: a timer that did more in checked blocks only would tell a candidate that times its
-                # blocks after the timer's which of them go unchecked.
+                # On a CPU the timer keeps the block's inputs (to the next draw, or _timers_inputs_hash, asked only
+                # once both sides' blocks are done: nothing it does before the candidate's turn depends on the check).
                 keep_inputs = self.gpu is None and worker is self.timer
                 command = {"op": "digest", "seed": digest_seed, "keep_inputs": keep_inputs}
                 reply, block.digest_s, block.digest_wall_s = await self._command(

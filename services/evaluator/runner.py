@@ -655,9 +655,13 @@ def serve_timing(
             try:
                 replaced = _replaced(guard)
                 with _no_grad():
-                    records = output_digest.block_digest(outputs, int(command["seed"]))
-                    # With torch's Python hooks off: a mode of the candidate's is handed the sampled positions by
-                    # the digest's indexing, and could answer with the values drawn there.
+                    # Both with torch's Python hooks off: a mode of the candidate's is handed the sampled positions by
+                    # the digest's indexing, and could answer with the values drawn there (a red-team mode answered
+                    # the outputs' positions from inputs it had computed a quarter of; another read the seed off the
+                    # digest's generator and put its inputs back at the positions the inputs' digest would read).
+                    records = _without_candidate_hooks(
+                        functools.partial(output_digest.block_digest, outputs, int(command["seed"]))
+                    )
                     inputs_records = _without_candidate_hooks(
                         functools.partial(output_digest.sets_digest, inputs.handed, int(command["seed"]))
                     )

@@ -1421,6 +1421,91 @@ def test_inputs_copied_in_the_draw_buy_no_speed(any_client: httpx.Client) -> Non
     assert result["status"] != "correct" or result["speedup"] < 1.2, result
 
 
+# A candidate that computes a quarter of each output in its drawn (timed and warm-up) calls, into buffers of its
+# own, and answers the outputs' digest at the positions it samples through a torch mode: no function replaced, so
+# the guard has nothing to say. The digest now runs with torch's Python hooks off, so the mode is never asked and
+# the first block's digest gives it away; before, only a full check of a call could (next test).
+SKIPS_WORK_UNDER_A_DIGEST_MODE = sources.candidate(
+    """
+handed = _drawn_calls()
+if handed is None or handed >= len(_RING) or x.shape != _RING[0].shape:
+    return torch.relu(x) * self.scale
+out, rows = _RING[handed], x.shape[0] // 4
+torch.mul(torch.relu(x[:rows]), self.scale, out=out[:rows])
+_PARTIAL[out.data_ptr()] = (weakref.ref(x), self.scale)
+return out
+""",
+    prelude="""
+import sys, weakref
+from torch.overrides import TorchFunctionMode
+
+_PARTIAL = {}
+
+
+def _drawn_calls():
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "_time_drawn":
+            return len(frame.f_locals["inputs"].handed)
+        frame = frame.f_back
+    return None
+
+
+class _AnswersSampledPositions(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.__getitem__ and type(args[0]) is torch.Tensor and isinstance(args[1], tuple):
+            partial = _PARTIAL.get(args[0].data_ptr())
+            if partial is not None and partial[0]() is not None:
+                return torch.relu(partial[0]()[args[1]]) * partial[1]
+        return func(*args, **(kwargs or {}))
+
+
+_RING = [torch.zeros(2048, 2048) for _ in range(12)]
+_AnswersSampledPositions().__enter__()
+""",
+)
+# The same quarter of the work, with the worker's digest replaced (the guard silenced) by one that digests a whole
+# answer in place of each partial output. The speedup is a median of blocks, and while only a quarter of the blocks (and the
+# last) had a call checked in full, a red-team version that skipped work in three of a round's five blocks scored
+# `correct` at 15-40x in 1-2 of 6-8 evaluations (5 timing trials, both levels). Every block now has a call checked,
+# read from the worker's memory before its digest runs, so the first block gives it away.
+SKIPS_WORK_UNDER_A_REPLACED_DIGEST = SKIPS_WORK_UNDER_A_DIGEST_MODE.replace(
+    "_AnswersSampledPositions().__enter__()\n",
+    """import services.evaluator.output_digest as _digest
+import services.evaluator.runner as _blind
+
+_blind._replaced = lambda guard: []
+_real_digest = _digest.block_digest
+
+
+def _completed(out):
+    partial = _PARTIAL.pop(out.data_ptr(), None) if isinstance(out, torch.Tensor) else None
+    if partial is not None and partial[0]() is not None:
+        return torch.relu(partial[0]()) * partial[1]
+    return out
+
+
+_digest.block_digest = lambda outputs, seed: _real_digest([_completed(out) for out in outputs], seed)
+""",
+)
+
+
+def test_work_skipped_under_a_mode_that_answers_the_digest_is_caught_in_the_first_block(
+    any_client: httpx.Client,
+) -> None:
+    reference = sources.REFERENCE.replace("torch.randn(64, 64)", "torch.randn(2048, 2048)")
+    result = evaluate(any_client, SKIPS_WORK_UNDER_A_DIGEST_MODE, reference, timing_trials=5, timeout_s=120)
+    assert result["status"] == "rejected" and "stale_output" in result["flags"], result
+    assert "the outputs of warm-up block 0 were wrong" in result["message"], result["message"]
+
+
+def test_work_skipped_in_any_timed_block_is_caught_in_that_block(any_client: httpx.Client) -> None:
+    reference = sources.REFERENCE.replace("torch.randn(64, 64)", "torch.randn(2048, 2048)")
+    result = evaluate(any_client, SKIPS_WORK_UNDER_A_REPLACED_DIGEST, reference, timing_trials=5, timeout_s=120)
+    assert result["status"] == "rejected" and "stale_output" in result["flags"], result
+    assert "of block 0 was wrong" in result["message"], result["message"]
+
+
 # A reference that adds into its first input: the check of timed calls' inputs is left out for it, so an honest
 # candidate, which correctness trials hold to inputs left as drawn, is not charged with the reference's writes.
 IN_PLACE_ADD_REFERENCE = ADD_REFERENCE.replace("return x + y", "return x.add_(y)")
