@@ -103,10 +103,11 @@ def sets_digest(sets: list[list[torch.Tensor]], seed: int) -> list[dict[str, Any
 
 
 def _inputs_seed(seed: int, group: int) -> int:
-    """The seed of a group of input sets' digest, drawn apart from the outputs' under the same `seed`: a candidate's
-    torch mode sees the positions the outputs' digest reads (it runs with the candidate's hooks on), and where an
-    input shares its shape and seed with an output, it would know which inputs to restore before the inputs' digest
-    (for an add, an input's value is the output's less the other input's)."""
+    """The seed of a group of input sets' digest, drawn apart from the outputs' under the same `seed`: where an input
+    shares its shape with an output, the positions one digest reads would otherwise name the other's (for an add, an
+    input's value is the output's less the other input's). It narrows what seeing one digest tells, no more: both
+    now run with the candidate's hooks off (runner), and a red-team mode that saw the outputs' digest while it ran
+    with them on read the seed off its generator and derived these positions all the same."""
     derived = hashlib.blake2b(f"inputs {seed} {group}".encode(), digest_size=8).digest()
     return int.from_bytes(derived, "little") % (1 << 62)
 
