@@ -1425,6 +1425,7 @@ def test_inputs_copied_in_the_draw_buy_no_speed(any_client: httpx.Client) -> Non
 # own, and answers the outputs' digest at the positions it samples through a torch mode: no function replaced, so
 # the guard has nothing to say. The digest now runs with torch's Python hooks off, so the mode is never asked and
 # the first block's digest gives it away; before, only a full check of a call could (next test).
+WIDE_RELU_REFERENCE = sources.REFERENCE.replace("torch.randn(64, 64)", "torch.randn(2048, 2048)")
 SKIPS_WORK_UNDER_A_DIGEST_MODE = sources.candidate(
     """
 handed = _drawn_calls()
@@ -1465,10 +1466,10 @@ _AnswersSampledPositions().__enter__()
 """,
 )
 # The same quarter of the work, with the worker's digest replaced (the guard silenced) by one that digests a whole
-# answer in place of each partial output. The speedup is a median of blocks, and while only a quarter of the blocks (and the
-# last) had a call checked in full, a red-team version that skipped work in three of a round's five blocks scored
-# `correct` at 15-40x in 1-2 of 6-8 evaluations (5 timing trials, both levels). Every block now has a call checked,
-# read from the worker's memory before its digest runs, so the first block gives it away.
+# answer in place of each partial output. The speedup is a median of blocks, and while only a quarter of the blocks
+# (and the last) had a call checked in full, a red-team version that skipped work in three of a round's five blocks
+# scored `correct` at 15-40x in 1-2 of 6-8 evaluations (5 timing trials, both levels). Every block now has a call
+# checked, read from the worker's memory before its digest runs, so the first block gives it away.
 SKIPS_WORK_UNDER_A_REPLACED_DIGEST = SKIPS_WORK_UNDER_A_DIGEST_MODE.replace(
     "_AnswersSampledPositions().__enter__()\n",
     """import services.evaluator.output_digest as _digest
@@ -1493,15 +1494,15 @@ _digest.block_digest = lambda outputs, seed: _real_digest([_completed(out) for o
 def test_work_skipped_under_a_mode_that_answers_the_digest_is_caught_in_the_first_block(
     any_client: httpx.Client,
 ) -> None:
-    reference = sources.REFERENCE.replace("torch.randn(64, 64)", "torch.randn(2048, 2048)")
-    result = evaluate(any_client, SKIPS_WORK_UNDER_A_DIGEST_MODE, reference, timing_trials=5, timeout_s=120)
+    result = evaluate(any_client, SKIPS_WORK_UNDER_A_DIGEST_MODE, WIDE_RELU_REFERENCE, timing_trials=5, timeout_s=120)
     assert result["status"] == "rejected" and "stale_output" in result["flags"], result
     assert "the outputs of warm-up block 0 were wrong" in result["message"], result["message"]
 
 
 def test_work_skipped_in_any_timed_block_is_caught_in_that_block(any_client: httpx.Client) -> None:
-    reference = sources.REFERENCE.replace("torch.randn(64, 64)", "torch.randn(2048, 2048)")
-    result = evaluate(any_client, SKIPS_WORK_UNDER_A_REPLACED_DIGEST, reference, timing_trials=5, timeout_s=120)
+    result = evaluate(
+        any_client, SKIPS_WORK_UNDER_A_REPLACED_DIGEST, WIDE_RELU_REFERENCE, timing_trials=5, timeout_s=120
+    )
     assert result["status"] == "rejected" and "stale_output" in result["flags"], result
     assert "of block 0 was wrong" in result["message"], result["message"]
 
