@@ -1237,9 +1237,15 @@ MAPS_NO_BLOCK_ON_ITS_OWN = (
 
 def test_a_candidates_own_malloc_setting_buys_no_speed(any_client: httpx.Client) -> None:
     """Every worker's malloc already maps no block on its own (sandbox.child_env): the candidate's setting changes
-    nothing. An honest copy scores about 1.0x here."""
-    result = evaluate(any_client, MAPS_NO_BLOCK_ON_ITS_OWN, LARGE_ADD_REFERENCE, timing_trials=20, device="cpu")
-    assert result["status"] != "correct" or result["speedup"] < 1.4, result
+    nothing. An honest copy scores about 1.0x here. Its time limit is the honest tests' (evaluate_honest): with the
+    default 60 s, CI's loaded 2-core machine once left no time to time it (`correct`, `not_timed`, no speedup), which
+    shows nothing either way."""
+    result = evaluate(
+        any_client, MAPS_NO_BLOCK_ON_ITS_OWN, LARGE_ADD_REFERENCE, timing_trials=20, timeout_s=240, device="cpu"
+    )
+    if result["status"] == "correct":
+        assert result["speedup"] is not None, f"correct but not timed, so untested: {result['message'][-400:]}"
+        assert result["speedup"] < 1.4, result
 
 
 # sin(x) * y on two 4M-float vectors.
