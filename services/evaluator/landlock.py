@@ -26,14 +26,23 @@ it scopes, and why it is here:
   red-team jobs rewrote every library in the build cache and planted files where another worker's inputs go. A file
   made in `/dev/shm` would outlive the job (a red-team job left 300 MiB there that no limit counted, and later jobs
   read it), so POSIX shared memory and semaphores (multiprocessing's locks) fail; POSIX message queues, made by a
-  call of their own, are not refused (the kernel bounds their bytes per uid). In `strict` isolation the mounts
-  already keep everything outside the home and the private directories read-only, and the domain handles no
-  filesystem access there. Reads stay what uids and mounts make them. A domain that handles any filesystem access
-  also refuses every rename or link into another directory (EXDEV) unless a rule grants that (`REFER`), and caches
-  and builds write files aside and move them into place: the rules beneath the home grant it. Without write rules,
-  the domain handles scopes and TCP alone from ABI 6; before it (ABI 2 to 5) it handles `REFER` too (a domain must
-  handle something before ABI 4) and grants it beneath `/`. ABI 1 has no `REFER`, and there, as without Landlock (an
-  older kernel, or one booted without it), workers get no domain: `/health` says so (`details.landlock_abi` 0).
+  call of their own, are the seccomp filter's to refuse (syscall_filter). No socket file is made, even in the home:
+  another job could connect to it by its path (Landlock scopes abstract sockets alone).
+- reads (`process` isolation only): nothing is read, listed or run beneath the directory every worker's directory
+  is made in (this service's and any other's there), but beneath the job's home and the paths it needs there (the
+  build cache, the interpreter, the repository). Other jobs' homes are of its uid, and each was a channel between
+  candidates evaluated at once (a red-team job had another compute 842 of its timed calls through a socket bound in
+  its home: `correct`, no flag), and their logs were readable. Landlock grants by path beneath, so everything else
+  is granted entry by entry beside each directory on the way down to it: those directories themselves cannot be
+  listed, and what is made beside them after the worker starts cannot be read.
+In `strict` isolation the mounts already keep everything outside the home and the private directories read-only,
+other jobs' homes are other uids', and the domain handles no filesystem access there. A domain that handles any
+filesystem access also refuses every rename or link into another directory (EXDEV) unless a rule grants that
+(`REFER`), and caches and builds write files aside and move them into place: the rules beneath the home grant it.
+Without write rules, the domain handles scopes and TCP alone from ABI 6; before it (ABI 2 to 5) it handles `REFER`
+too (a domain must handle something before ABI 4) and grants it beneath `/`. ABI 1 has no `REFER`, and there, as
+without Landlock (an older kernel, or one booted without it), workers get no domain: `/health` says so
+(`details.landlock_abi` 0).
 """
 
 from __future__ import annotations
@@ -43,15 +52,20 @@ import errno
 import functools
 import os
 import platform
+from pathlib import Path
 
 # landlock_create_ruleset, landlock_add_rule, landlock_restrict_self: the same numbers on both machines.
 CREATE_RULESET, ADD_RULE, RESTRICT_SELF = 444, 445, 446
 CREATE_RULESET_VERSION = 1 << 0
 RULE_PATH_BENEATH = 1
 # Every filesystem access that changes something (ABI 1's, then REFER of ABI 2 and TRUNCATE of ABI 3); reading,
-# listing and executing stay unhandled, as do device ioctls (ABI 5: CUDA's are how a job uses its GPU).
-ACCESS_FS_WRITE_FILE = 1 << 1
+# listing and executing, handled in `process` isolation alone; device ioctls stay unhandled (ABI 5: CUDA's are how a
+# job uses its GPU).
+ACCESS_FS_EXECUTE, ACCESS_FS_WRITE_FILE, ACCESS_FS_READ_FILE, ACCESS_FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 ACCESS_FS_CHANGES = ACCESS_FS_WRITE_FILE | sum(1 << bit for bit in range(4, 13))  # remove, make (dirs, files, nodes)
+ACCESS_FS_MAKE_SOCK = 1 << 9
+ACCESS_FS_READS = ACCESS_FS_EXECUTE | ACCESS_FS_READ_FILE | ACCESS_FS_READ_DIR
+ACCESS_FS_FILE_READS = ACCESS_FS_EXECUTE | ACCESS_FS_READ_FILE  # what a rule on a file (not a directory) may grant
 ACCESS_FS_REFER = 1 << 13
 ACCESS_FS_TRUNCATE = 1 << 14
 ACCESS_NET_BIND_TCP, ACCESS_NET_CONNECT_TCP = 1 << 0, 1 << 1
@@ -90,19 +104,30 @@ def abi() -> int:
     return version if version >= REFER_ABI else 0
 
 
-def restrict_self(version: int | None = None, home: str | None = None, names_threads: bool = False) -> int:
+def restrict_self(
+    version: int | None = None,
+    home: str | None = None,
+    names_threads: bool = False,
+    unreadable: str | None = None,
+    readable: tuple[str, ...] = (),
+) -> int:
     """Put the calling process (and every child it will have) in a new domain of `version`'s kind (default: the
-    kernel's ABI); needs PR_SET_NO_NEW_PRIVS. With `home`, the domain changes files only beneath `home` and writes
-    beneath /dev only to what exists there (devices), and where `names_threads` (a CUDA worker), the files of the
-    calling process's own threads. Returns the version, 0 where there is no Landlock."""
+    kernel's ABI); needs PR_SET_NO_NEW_PRIVS. With `home`, the domain changes files only beneath `home`, makes no
+    socket file even there, writes beneath /dev only to what exists there (devices), and where `names_threads` (a
+    CUDA worker), the files of the calling process's own threads; with `unreadable` too, it reads, lists and
+    executes nothing beneath `unreadable` but beneath `home` and the `readable` paths there. Returns the version, 0
+    where there is no Landlock."""
     version = abi() if version is None else min(version, abi())
     if version == 0:
         return 0
     truncate = ACCESS_FS_TRUNCATE if version >= TRUNCATE_ABI else 0
     beneath: tuple[tuple[str, int], ...]
     if home is not None:
-        handled_fs = ACCESS_FS_CHANGES | ACCESS_FS_REFER | truncate
-        beneath = ((home, handled_fs), ("/dev", ACCESS_FS_WRITE_FILE | truncate))
+        reads = ACCESS_FS_READS if unreadable is not None else 0
+        handled_fs = ACCESS_FS_CHANGES | ACCESS_FS_REFER | truncate | reads
+        beneath = ((home, handled_fs & ~ACCESS_FS_MAKE_SOCK), ("/dev", ACCESS_FS_WRITE_FILE | truncate))
+        if unreadable is not None:
+            beneath += _everything_but(unreadable) + tuple((path, reads) for path in _beneath(readable, unreadable))
         if names_threads:
             # The CUDA driver names the threads it starts by opening their /proc/self/task/<tid>/comm to write and
             # truncate; refused, its initialisation fails (error 304) and no job sees the GPU. The rule holds for
@@ -135,8 +160,34 @@ def restrict_self(version: int | None = None, home: str | None = None, names_thr
     return version
 
 
+def _everything_but(unreadable: str) -> tuple[tuple[str, int], ...]:
+    """Read rules for everything outside `unreadable`: each entry beside each directory on the way down to it. A
+    symbolic link gets none (one there may point beneath `unreadable`; a path through it is read by its target's
+    rules). What is made beside those directories later stays unreadable; the directories themselves cannot be
+    listed (a rule on one would reach beneath it)."""
+    rules = []
+    target = Path(unreadable).resolve()
+    for step in (*reversed(target.parents[:-1]), target) if target.parents else ():  # `/`: nothing is outside
+        parent = step.parent
+        with os.scandir(parent) as entries:
+            for entry in entries:
+                if entry.name == step.name or entry.is_symlink():
+                    continue
+                rules.append((entry.path, ACCESS_FS_READS if entry.is_dir() else ACCESS_FS_FILE_READS))
+    return tuple(rules)
+
+
+def _beneath(paths: tuple[str, ...], unreadable: str) -> list[str]:
+    """The directories of `paths` that lie beneath `unreadable` (the others are read by _everything_but's rules)."""
+    target = Path(unreadable).resolve()
+    return [str(real) for real in (Path(p).resolve() for p in paths) if target in real.parents and real.is_dir()]
+
+
 def _allow_beneath(libc: ctypes.CDLL, ruleset: int, path: str, access: int) -> None:
-    directory = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    try:
+        directory = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:  # an entry _everything_but saw, removed since: nothing to read there
+        return
     try:
         rule = _PathBeneathAttr(access, directory)
         if libc.syscall(ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(RULE_PATH_BENEATH), ctypes.byref(rule), 0) != 0:

@@ -636,6 +636,7 @@ class WorkerPool:
             keep_paths=(str(self.settings.cache_dir), str(REPO_ROOT)),
             cgroup_procs=cgroup.procs_files if cgroup is not None else (),
             cuda=device == "cuda",
+            jobs_parent=str(self.work_dir.parent),
         )
         threads = self.settings.threads_per_worker
         read_fd, write_fd = os.pipe()
@@ -644,7 +645,9 @@ class WorkerPool:
             socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) if device == "cuda" else (None, None)
         )
         handover_args = ["--handover-fd", str(worker_end.fileno())] if worker_end is not None else []
-        with open(root / "stdio.log", "xb") as stdio:
+        # The service's alone (the worker writes it through the descriptor it inherits): another job that knew its
+        # path would read this job's output, in strict isolation too where the work directory is outside /tmp.
+        with open(root / "stdio.log", "xb", opener=lambda path, flags: os.open(path, flags, 0o600)) as stdio:
             stdio_reader = os.open(root / "stdio.log", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
                 proc = await asyncio.create_subprocess_exec(

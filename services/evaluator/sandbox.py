@@ -170,6 +170,9 @@ class SandboxSpec:
     cgroup_procs: tuple[str, ...] = ()
     # A CUDA worker, whose driver names its threads through /proc (landlock.restrict_self).
     cuda: bool = False
+    # Where every worker's directory is made, this service's and any other's on the host under the same parent: in
+    # process isolation (one uid for all) the job reads nothing beneath it but its home and `keep_paths`.
+    jobs_parent: str | None = None
 
     def to_arg(self) -> str:
         return json.dumps(asdict(self))
@@ -567,11 +570,12 @@ def enter(spec: SandboxSpec) -> None:
     with open("/proc/self/oom_score_adj", "w") as handle:
         handle.write(f"{OOM_SCORE_ADJ}\n")
     libc = _libc()
+    reachable = [spec.home, *spec.keep_paths, sys.prefix, sys.base_prefix, sys.exec_prefix]
+    reachable += [p for p in sys.path if p and os.path.isabs(p)]
     if spec.strict:
         assert spec.uid is not None
         enter_pid_namespace(libc)
-        reachable = [spec.home, *spec.keep_paths, sys.prefix, sys.base_prefix, sys.exec_prefix]
-        isolate_filesystem(reachable + [p for p in sys.path if p and os.path.isabs(p)], spec.home)
+        isolate_filesystem(reachable, spec.home)
         mount_proc(libc)
         limit_ipc()
         _check(libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
@@ -583,15 +587,21 @@ def enter(spec: SandboxSpec) -> None:
     os.umask(0o077)
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
     # Before the seccomp filter, whose rules need not know Landlock's calls. In process isolation the job's uid owns
-    # other jobs' files and the build cache, so there it changes files only in its home (and writes devices); in
-    # strict isolation the mounts do that already, and leave the private directories (PRIVATE_DIRS) writable.
-    landlock.restrict_self(home=None if spec.strict else spec.home, names_threads=spec.cuda)
+    # other jobs' files and the build cache, so there it changes files only in its home (and writes devices), and
+    # reads no other job's; in strict isolation the mounts and uids do that already, and leave the private
+    # directories (PRIVATE_DIRS) writable.
+    if spec.strict:
+        landlock.restrict_self(names_threads=spec.cuda)
+    else:
+        landlock.restrict_self(
+            home=spec.home, names_threads=spec.cuda, unreadable=spec.jobs_parent, readable=tuple(reachable)
+        )
     if not spec.strict:
         # The job's orphans stay in its worker's process tree, which the judge stops during the reference's turns
         # and kills after the job (strict isolation's go to pid 1 of its namespace). The filter then keeps the job
         # from clearing this, and from putting a process directly under the service (CLONE_PARENT).
         adopt_orphans()
-    syscall_filter.install()
+    syscall_filter.install(own_ipc=spec.strict)
     # Set after the uid change, which clears it: the worker dies with the service.
     _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
     # Not dumpable: no process of another job, even under this uid (process isolation), can open this worker's

@@ -1,7 +1,7 @@
 """A seccomp filter every worker installs last in sandbox.enter(): sockets of the unix and inet families only; no
-io_uring, perf events, BPF, userfaultfd or kernel keys; no new user namespace; no extended attributes set; no
-limits, priorities or scheduling set for another process; no file leases; no way out of the worker's process tree;
-no SIGCONT sent, now or later.
+io_uring, perf events, BPF, userfaultfd or kernel keys; no SysV IPC or message queues shared with other jobs; no new
+user namespace; no extended attributes set; no limits, priorities or scheduling set for another process; no file
+leases; no way out of the worker's process tree; no SIGCONT sent, now or later.
 
 Why, call by call (each found by a red-team candidate, or a way to what one found):
 - netlink sockets: their receive queues hold kernel memory that no memory cgroup is charged for and that no
@@ -14,6 +14,10 @@ Why, call by call (each found by a red-team candidate, or a way to what one foun
   kernel reach, with no use in a kernel benchmark.
 - add_key, request_key, keyctl: key serials are global and keys outlive the job, its uid and the service: later
   jobs read and overwrote earlier jobs' keys, a channel between evaluations.
+- SysV IPC and POSIX message queues (shmget, shmat, msgget, semget, mq_open), in `process` isolation alone: there
+  every job shares the host's IPC namespace and uid, so one job's segment or queue is another's to open, a channel
+  between candidates evaluated at once (as their files were: landlock.py). In `strict` isolation each job has an
+  IPC namespace of its own, with small limits (sandbox.limit_ipc).
 - setxattr, lsetxattr, fsetxattr, setxattrat: extended attributes on a tmpfs are kernel memory that takes no disk
   block and no resident page. Without job cgroups, a candidate held 1.5 GB of them on its private /dev/shm against
   a 1 GiB limit and scored `correct` (the memory watch counts a job disk's blocks). They fail with ENOTSUP, as on
@@ -93,6 +97,9 @@ class Machine:
     # Calls that fail with ENOSYS: io_uring_setup, _enter, _register, clone3 (the same numbers on both machines),
     # perf_event_open, bpf, userfaultfd, add_key, request_key, keyctl, timer_create, mq_notify.
     refused: tuple[int, ...]
+    # Calls that fail with ENOSYS where the job has no IPC namespace of its own: shmget, shmat, msgget, semget,
+    # mq_open.
+    shared_ipc: tuple[int, ...]
     # Calls that fail with ENOTSUP: setxattr, lsetxattr, fsetxattr, setxattrat (463 on both).
     xattr_setters: tuple[int, ...]
     # Calls allowed with a first argument (a pid) of 0 alone, the caller: prlimit64, sched_setparam,
@@ -115,6 +122,7 @@ MACHINES = {
         56,
         272,
         (425, 426, 427, 435, 298, 321, 323, 248, 249, 250, 222, 244),
+        (29, 30, 68, 64, 240),
         (188, 189, 190, 463),
         (302, 142, 144, 314),
         141,
@@ -136,6 +144,7 @@ MACHINES = {
         220,
         97,
         (425, 426, 427, 435, 241, 280, 282, 217, 218, 219, 107, 184),
+        (194, 196, 186, 190, 180),
         (5, 6, 7, 463),
         (261, 118, 119, 274),
         140,
@@ -165,10 +174,11 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
 
 
-def program(machine: str) -> list[tuple[int, int, int, int]]:
-    """The filter's instructions (code, jump if true, jump if false, k) for `machine`, top to bottom. A jump skips
-    that many instructions after itself."""
+def program(machine: str, own_ipc: bool = True) -> list[tuple[int, int, int, int]]:
+    """The filter's instructions (code, jump if true, jump if false, k) for `machine`, top to bottom, for a job with
+    an IPC namespace of its own or without one. A jump skips that many instructions after itself."""
     calls = MACHINES[machine]
+    refused = calls.refused + (() if own_ipc else calls.shared_ipc)
     allow = (RETURN, 0, 0, SECCOMP_RET_ALLOW)
     no_such_call = (RETURN, 0, 0, SECCOMP_RET_ERRNO | errno.ENOSYS)
     # Another ABI than the process's own: ENOSYS.
@@ -177,8 +187,8 @@ def program(machine: str) -> list[tuple[int, int, int, int]]:
     if machine == "x86_64":  # x32 numbers carry this bit
         instructions += [(JUMP_IF_AT_LEAST, 0, 1, X32_SYSCALL_BIT), no_such_call]
     # Refused calls: each check jumps to the ENOSYS after the last; the last one's "false" skips that return.
-    last = len(calls.refused) - 1
-    instructions += [(JUMP_IF_EQUAL, last - i, int(i == last), nr) for i, nr in enumerate(calls.refused)]
+    last = len(refused) - 1
+    instructions += [(JUMP_IF_EQUAL, last - i, int(i == last), nr) for i, nr in enumerate(refused)]
     instructions.append(no_such_call)
     # Extended attributes set: ENOTSUP, the same way.
     last = len(calls.xattr_setters) - 1
@@ -232,13 +242,13 @@ def program(machine: str) -> list[tuple[int, int, int, int]]:
     return instructions
 
 
-def install() -> None:
+def install(own_ipc: bool) -> None:
     """Load the filter into the calling process (needs PR_SET_NO_NEW_PRIVS or CAP_SYS_ADMIN). A machine the filter
     does not know gets none (its socket families are then unfiltered)."""
     machine = platform.machine()
     if machine not in MACHINES:
         return
-    instructions = program(machine)
+    instructions = program(machine, own_ipc)
     filters = (_SockFilter * len(instructions))(*(_SockFilter(*i) for i in instructions))
     prog = _SockFprog(len(instructions), filters)
     libc = ctypes.CDLL(None, use_errno=True)

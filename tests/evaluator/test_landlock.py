@@ -3,6 +3,7 @@ what it keeps the job from, and what it must leave a job free to do."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -88,18 +89,21 @@ def test_a_domain_keeps_its_processes_from_the_outside_and_lets_them_move_files(
     assert (seen["outside signal"] == "ok") == (version < landlock.SCOPES_ABI), seen
 
 
-# In a domain that changes files only beneath the job's home (argv[1]), as a `process`-isolation worker's (a CUDA
-# worker's where argv[3] is "cuda"): what it can do in its home, to a file and a directory outside it (argv[2]), in
-# /dev, and in /proc (its own threads' names as the CUDA driver writes them, and a file of a process of its uid
-# outside the domain, argv[4]); prints what worked.
+# In a domain that changes files only beneath the job's home (argv[1]) and reads nothing of the other jobs'
+# (beneath argv[4], argv[5] holding another job's file and program) but beneath its home and a path it must read
+# there (argv[6]), as a `process`-isolation worker's (a CUDA worker's where argv[3] is "cuda"): what it can do in its
+# home, to a file and a directory outside it (argv[2]), in /dev, in /proc (its own threads' names as the CUDA driver
+# writes them, and a file of a process of its uid outside the domain, argv[7]), and to the other job's and the
+# readable path's files; prints what worked.
 WRITING_IN_A_DOMAIN = REPORTS_WHAT_WORKED + textwrap.dedent(
     """
-    import ctypes, os, socket, sys, threading
+    import ctypes, os, socket, subprocess, sys, threading
     from services.evaluator import landlock
 
-    home, outside, names_threads, other = sys.argv[1], sys.argv[2], sys.argv[3] == "cuda", sys.argv[4]
+    home, outside, names_threads, unreadable, other_job, readable, other = *sys.argv[1:3], sys.argv[3] == "cuda", *sys.argv[4:8]
     ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
-    print("version", landlock.restrict_self(home=home, names_threads=names_threads))
+    print("version", landlock.restrict_self(
+        home=home, names_threads=names_threads, unreadable=unreadable, readable=(readable, unreadable)))
 
     def write(path, mode="w"):
         with open(path, mode) as handle:
@@ -120,6 +124,12 @@ WRITING_IN_A_DOMAIN = REPORTS_WHAT_WORKED + textwrap.dedent(
     worked("outside socket", lambda: socket.socket(socket.AF_UNIX).bind(f"{outside}/socket"))
     worked("move out", lambda: (write(f"{home}/moved"), os.rename(f"{home}/moved", f"{outside}/moved")))
     worked("outside read", lambda: open(f"{outside}/file").read())
+    worked("home read", lambda: open(f"{home}/a/b/kept", "w").close() or open(f"{home}/a/b/kept").read())
+    worked("home socket", lambda: socket.socket(socket.AF_UNIX).bind(f"{home}/socket"))
+    worked("readable read", lambda: open(f"{readable}/file").read())
+    worked("other job read", lambda: open(f"{other_job}/file").read())
+    worked("other job list", lambda: os.listdir(other_job))
+    worked("other job run", lambda: subprocess.run([f"{other_job}/program"], check=True))
     worked("dev null", lambda: write("/dev/null"))
     worked("dev shm create", lambda: write(f"/dev/shm/{os.path.basename(home)}-{os.getpid()}"))
     # As the CUDA driver names a thread it started: the thread opens its own comm to write and truncate.
@@ -135,23 +145,30 @@ WRITING_IN_A_DOMAIN = REPORTS_WHAT_WORKED + textwrap.dedent(
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_a_domain_with_write_rules_changes_files_only_beneath_its_home(tmp_path: Path, device: str) -> None:
     """A `process`-isolation worker's domain (sandbox.enter): the job's uid owns the build cache and other jobs'
-    directories, which it may read but no longer change; devices may be written, but nothing made in /dev (a file
-    in /dev/shm would outlive the job); in /proc nothing, but a CUDA worker's own threads' files (their names:
-    without, no CUDA)."""
+    directories, which it may read (the build cache) or not even that (other jobs': a channel between candidates
+    evaluated together) but no longer change; no socket file made, even in its home (another job could connect to
+    it by its path); devices may be written, but nothing made in /dev (a file in /dev/shm would outlive the job); in
+    /proc nothing, but a CUDA worker's own threads' files (their names: without, no CUDA)."""
     if landlock.abi() == 0:
         pytest.skip("this kernel gives workers no Landlock domain")
-    home, outside = tmp_path / "home", tmp_path / "outside"
-    home.mkdir()
-    outside.mkdir()
-    (outside / "file").write_text("published")
-    seen = run_script(WRITING_IN_A_DOMAIN, str(home), str(outside), device)
+    jobs, outside = tmp_path / "jobs", tmp_path / "outside"
+    home, other_job, readable = jobs / "w1" / "home", jobs / "w2" / "home", jobs / "cache"
+    for directory in (home, other_job, readable, outside):
+        directory.mkdir(parents=True)
+    for directory in (outside, other_job, readable):
+        (directory / "file").write_text("published")
+    shutil.copy("/bin/true", other_job / "program")
+    args = (str(home), str(outside), device, str(jobs), str(other_job), str(readable))
+    seen = run_script(WRITING_IN_A_DOMAIN, *args)
     assert seen.pop("version") == str(landlock.abi())
     allowed = {
         "home write",
         "home rename",
         "home truncate",
         "home remove",
+        "home read",
         "outside read",
+        "readable read",
         "dev null",
         *(["own thread name"] if device == "cuda" else []),
     }

@@ -23,7 +23,7 @@ import pytest
 from services.evaluator import landlock
 from tests.evaluator import sources
 from tests.evaluator.conftest import FAKE_API_KEY, PROCESS_USER, evaluate_briefly, process_server, server_env
-from tests.evaluator.test_namespaces import DAEMON_PRELUDE, surviving_daemons
+from tests.evaluator.test_namespaces import DAEMON_PRELUDE, reported, surviving_daemons
 from tests.servers import run_service
 
 
@@ -310,6 +310,72 @@ def test_a_job_reaches_no_process_outside_its_domain_even_of_its_own_uid(process
         assert "signal" in result["message"] and "mem" not in result["message"], result["message"]
 
 
+# The homes of this service's other workers, as any job can find them: their command lines name them (listing the
+# directory they are made in is refused where the job has a Landlock domain).
+OTHER_HOMES = """
+import json, os
+
+def _other_homes():
+    homes, work = set(), os.path.dirname(os.path.dirname(os.getcwd()))
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            words = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
+            homes.add(json.loads(words[words.index(b"--spec") + 1])["home"])
+        except (OSError, ValueError):
+            continue
+    return sorted(home for home in homes if home.startswith(work + "/") and home != os.getcwd())
+"""
+
+
+# Finds the other workers' homes (their command lines name them), then reads and lists what it can there;
+# binds a unix socket in its own home (another job could connect to it by its path), and makes each kind of IPC
+# object a job of the host could share; reports what worked, after how many homes it found.
+REACHES_OTHER_JOBS_FILES = sources.candidate(
+    'raise RuntimeError(f"REACHED {_reach()!r}")',
+    prelude=OTHER_HOMES
+    + """
+import ctypes, socket
+
+def _reach():
+    homes = _other_homes()
+    reached = []
+    for home in homes:
+        try:
+            reached += [f"{home}: {name}" for name in os.listdir(home)] or [f"{home} listed"]
+        except OSError:
+            pass
+        for name in ("stdio.log", "home/inputs"):
+            try:
+                open(os.path.join(os.path.dirname(home), name), "rb").read(1)
+                reached.append(f"{home}/../{name} read")
+            except OSError:
+                pass
+    try:
+        socket.socket(socket.AF_UNIX).bind("own.sock")
+        reached.append("socket bound")
+    except OSError:
+        pass
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.shmget(0, 4096, 0o600) >= 0 or libc.msgget(0, 0o600) >= 0:
+        reached.append("SysV IPC made")
+    return len(homes), reached
+""",
+)
+
+
+def test_a_job_reads_nothing_of_another_job_s_in_process_isolation(process_client: httpx.Client) -> None:
+    """Candidates evaluated at once could share work through one another's files, sockets or IPC objects, on no
+    clock of either's (a red-team job had one compute 842 of another's timed calls through a unix socket bound in
+    its home: `correct`, no flag). Where the kernel gives workers a Landlock domain, a job reads nothing beneath the
+    directory the workers' are made in but its own home (and the build cache), and binds no socket file; the seccomp
+    filter refuses SysV IPC and POSIX message queues where jobs share the host's IPC namespace."""
+    if _landlock_abi(process_client) == 0:
+        pytest.skip("no Landlock here (docs/evaluator.md, Not covered)")
+    found, reached = reported(evaluate_briefly(process_client, REACHES_OTHER_JOBS_FILES), "REACHED")
+    assert found >= 1, "no other worker's home was found: nothing was tried"
+    assert reached == [], reached
+
+
 @pytest.mark.parametrize("signum", ["SIGKILL", "SIGINT"])
 def test_a_job_that_breaks_its_timer_gets_a_verdict_of_its_own(any_client: httpx.Client, signum: str) -> None:
     """SIGKILL in process isolation without Landlock's scopes kills the timer: the candidate's `result_tampering`.
@@ -407,37 +473,31 @@ def test_a_timer_killed_as_it_starts_in_process_isolation_is_the_candidates(proc
 # wrong.
 LOCKS_OTHER_WORKERS_DIRECTORIES = sources.candidate(
     "return torch.zeros_like(x)",
-    prelude="""
-import os
-
-_own = os.path.dirname(os.getcwd())
-for _name in os.listdir(os.path.dirname(_own)):
-    _root = os.path.join(os.path.dirname(_own), _name)
-    if _root != _own:
-        for _path in (os.path.join(_root, "home"), _root):
-            try:
-                os.chmod(_path, 0o555)
-            except OSError:
-                pass
+    prelude=OTHER_HOMES
+    + """
+for _home in _other_homes():
+    for _path in (_home, os.path.dirname(_home)):
+        try:
+            os.chmod(_path, 0o555)
+        except OSError:
+            pass
 """,
 )
 # Plants a file where the service makes each worker's `inputs` directory, in every other worker's home as it
 # appears, then answers wrong.
 PLANTS_OTHER_WORKERS_INPUTS = sources.candidate(
     "return torch.zeros_like(x)",
-    prelude="""
-import os, threading, time
+    prelude=OTHER_HOMES
+    + """
+import threading, time
 
 def _plant():
-    own = os.path.dirname(os.getcwd())
-    work = os.path.dirname(own)
     while True:
-        for name in os.listdir(work):
-            if os.path.join(work, name) != own:
-                try:
-                    open(os.path.join(work, name, "home", "inputs"), "x").close()
-                except OSError:
-                    pass
+        for home in _other_homes():
+            try:
+                open(os.path.join(home, "inputs"), "x").close()
+            except OSError:
+                pass
         time.sleep(0.002)
 
 threading.Thread(target=_plant, daemon=True).start()

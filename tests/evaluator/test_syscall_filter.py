@@ -1,7 +1,8 @@
 """The workers' seccomp filter, installed in a real process: unix and inet sockets, threads and child processes
 work; netlink and packet sockets, io_uring, perf events, kernel keys, new user namespaces, extended attributes and
 another process's limits, priorities and scheduling, file leases, ways out of the process tree and SIGCONT, sent
-or armed, do not, and children inherit it."""
+or armed, do not, nor, without an IPC namespace of the job's own, SysV IPC and POSIX message queues; and children
+inherit it."""
 
 from __future__ import annotations
 
@@ -22,8 +23,22 @@ from services.evaluator import syscall_filter
 calls = syscall_filter.MACHINES[platform.machine()]
 libc = ctypes.CDLL(None, use_errno=True)
 libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
-syscall_filter.install()
+syscall_filter.install(own_ipc=sys.argv[2] == "own")
 results = {}
+# SysV IPC and POSIX message queues, each made private and removed at once where the filter lets it through.
+libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+queue = f"/kernel-agent-probe-{os.getpid()}".encode()
+for name, make, remove in (
+    ("shmget", lambda: libc.shmget(0, 4096, 0o600), lambda made: libc.shmctl(made, 0, None)),  # IPC_RMID
+    ("msgget", lambda: libc.msgget(0, 0o600), lambda made: libc.msgctl(made, 0, None)),
+    ("semget", lambda: libc.semget(0, 1, 0o600), lambda made: libc.semctl(made, 0, 0)),
+    ("mq_open", lambda: libc.mq_open(queue, os.O_CREAT | os.O_RDWR, 0o600, None), lambda made: libc.mq_unlink(queue)),
+):
+    made = make()
+    results[name] = errno.errorcode[ctypes.get_errno()] if made < 0 else "ok"
+    if made >= 0:
+        remove(made)
+results["shmat"] = "ok" if libc.shmat(-1, None, 0) not in (None, -1) else errno.errorcode[ctypes.get_errno()]
 for name in ("AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK", "AF_PACKET"):
     try:
         socket.socket(getattr(socket, name), socket.SOCK_DGRAM if name != "AF_NETLINK" else socket.SOCK_RAW).close()
@@ -133,12 +148,20 @@ print(json.dumps(results))
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="seccomp is Linux's")
-def test_the_filter_allows_unix_and_inet_sockets_only(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ipc", ["own", "shared"])
+def test_the_filter_allows_unix_and_inet_sockets_only(tmp_path: Path, ipc: str) -> None:
+    """`own`: a strict-isolation worker's, in an IPC namespace of its own; `shared`: a process-isolation worker's."""
     probe = subprocess.run(
-        [sys.executable, "-c", PROBE, str(tmp_path / "file")], capture_output=True, text=True, cwd=REPO_ROOT,
+        [sys.executable, "-c", PROBE, str(tmp_path / "file"), ipc], capture_output=True, text=True, cwd=REPO_ROOT,
         timeout=60, check=True,
     )  # fmt: skip
     results = json.loads(probe.stdout)
+    # Without an IPC namespace of its own, a job would share these with every other job: a channel between them.
+    made = ("shmget", "msgget", "semget", "mq_open")
+    if ipc == "own":
+        assert {results[name] for name in made} == {"ok"} and results["shmat"] == "EINVAL", results
+    else:
+        assert {results[name] for name in (*made, "shmat")} == {"ENOSYS"}, results
     assert results["AF_UNIX"] == results["AF_INET"] == results["AF_INET6"] == results["socketpair"] == "ok"
     assert results["AF_NETLINK"] == results["AF_PACKET"] == "EAFNOSUPPORT", results
     assert results["io_uring_setup"] == "ENOSYS", results
