@@ -115,8 +115,8 @@ def restrict_self(
     kernel's ABI); needs PR_SET_NO_NEW_PRIVS. With `home`, the domain changes files only beneath `home`, makes no
     socket file even there, writes beneath /dev only to what exists there (devices), and where `names_threads` (a
     CUDA worker), the files of the calling process's own threads; with `unreadable` too, it reads, lists and
-    executes nothing beneath `unreadable` but beneath `home` and the `readable` paths there. Returns the version, 0
-    where there is no Landlock."""
+    executes nothing beneath `unreadable` but beneath `home` and the `readable` paths (those beside it are granted
+    again, in case their parent could not be listed). Returns the version, 0 where there is no Landlock."""
     version = abi() if version is None else min(version, abi())
     if version == 0:
         return 0
@@ -127,7 +127,9 @@ def restrict_self(
         handled_fs = ACCESS_FS_CHANGES | ACCESS_FS_REFER | truncate | reads
         beneath = ((home, handled_fs & ~ACCESS_FS_MAKE_SOCK), ("/dev", ACCESS_FS_WRITE_FILE | truncate))
         if unreadable is not None:
-            beneath += _everything_but(unreadable) + tuple((path, reads) for path in _beneath(readable, unreadable))
+            beneath += _everything_but(unreadable) + tuple(
+                (path, reads) for path in _readable_beside(readable, unreadable)
+            )
         if names_threads:
             # The CUDA driver names the threads it starts by opening their /proc/self/task/<tid>/comm to write and
             # truncate; refused, its initialisation fails (error 304) and no job sees the GPU. The rule holds for
@@ -168,19 +170,21 @@ def _everything_but(unreadable: str) -> tuple[tuple[str, int], ...]:
     rules = []
     target = Path(unreadable).resolve()
     for step in (*reversed(target.parents[:-1]), target) if target.parents else ():  # `/`: nothing is outside
-        parent = step.parent
-        with os.scandir(parent) as entries:
-            for entry in entries:
-                if entry.name == step.name or entry.is_symlink():
-                    continue
-                rules.append((entry.path, ACCESS_FS_READS if entry.is_dir() else ACCESS_FS_FILE_READS))
+        try:
+            with os.scandir(step.parent) as entries:
+                found = [entry for entry in entries if entry.name != step.name and not entry.is_symlink()]
+        except PermissionError:  # a directory the service's uid may pass but not list: only `readable` is granted there
+            continue
+        rules += [(entry.path, ACCESS_FS_READS if entry.is_dir() else ACCESS_FS_FILE_READS) for entry in found]
     return tuple(rules)
 
 
-def _beneath(paths: tuple[str, ...], unreadable: str) -> list[str]:
-    """The directories of `paths` that lie beneath `unreadable` (the others are read by _everything_but's rules)."""
+def _readable_beside(paths: tuple[str, ...], unreadable: str) -> list[str]:
+    """The directories of `paths` that do not hold `unreadable`: beneath it, or beside it where _everything_but could
+    not list their parent."""
     target = Path(unreadable).resolve()
-    return [str(real) for real in (Path(p).resolve() for p in paths) if target in real.parents and real.is_dir()]
+    reals = (Path(p).resolve() for p in paths)
+    return [str(real) for real in reals if real != target and real not in target.parents and real.is_dir()]
 
 
 def _allow_beneath(libc: ctypes.CDLL, ruleset: int, path: str, access: int) -> None:

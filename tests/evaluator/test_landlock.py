@@ -3,10 +3,12 @@ what it keeps the job from, and what it must leave a job free to do."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -177,3 +179,32 @@ def test_a_domain_with_write_rules_changes_files_only_beneath_its_home(tmp_path:
     assert {errno for what, errno in seen.items() if what not in allowed} <= {"13", "18"}, seen
     assert (outside / "file").read_text() == "published"
     assert sorted(path.name for path in outside.iterdir()) == ["file"]
+
+
+def test_the_read_rules_grant_what_is_beside_the_workers_directories_and_only_that(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rules for everything outside the directory the workers' are made in, down a path with a directory the
+    service's uid may pass but not list (`locked`, as a 0711 directory is to another uid than its owner's): nothing
+    beside it is granted but the paths the job must read (its interpreter there), and nothing that holds the
+    workers' directories."""
+    locked = tmp_path / "locked"
+    jobs, interpreter, beside = locked / "jobs", locked / "venv", tmp_path / "beside"
+    for directory in (jobs / "w1" / "home", interpreter, beside):
+        directory.mkdir(parents=True)
+    (tmp_path / "file").write_text("a file beside")
+    (tmp_path / "link").symlink_to(jobs)
+    listing = os.scandir
+
+    def scandir(path: Path) -> Iterator[os.DirEntry[str]]:
+        if Path(path) == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return listing(path)
+
+    monkeypatch.setattr(landlock.os, "scandir", scandir)
+    rules = dict(landlock._everything_but(str(jobs)))
+    assert rules[str(beside)] == landlock.ACCESS_FS_READS
+    assert rules[str(tmp_path / "file")] == landlock.ACCESS_FS_FILE_READS
+    assert not any(path == str(tmp_path / "link") or path.startswith(str(locked)) for path in rules), rules
+    paths = (str(interpreter), str(locked), str(jobs), str(jobs / "w1" / "home"), str(tmp_path))
+    assert landlock._readable_beside(paths, str(jobs)) == [str(interpreter), str(jobs / "w1" / "home")]
