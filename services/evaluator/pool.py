@@ -125,6 +125,8 @@ class Worker:
     # those files hold.
     disk_device: int | None = None
     disk_service_bytes: int = 0
+    # The job's memory limit, against which its files on that disk count (MemoryWatch, note_files_past_limit).
+    memory_limit_mb: int | None = None
 
     def charge_service_write(self, size: int) -> None:
         """The service is about to put `size` bytes on the worker's own disk (where it has one)."""
@@ -200,6 +202,7 @@ class Worker:
         await asyncio.to_thread(sandbox.kill_all, self.uid, self.proc.pid, self.signaller)
         await self.proc.wait()
         self.note_out_of_memory()
+        self.note_files_past_limit()
         if self.reader is not None:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(self.reader), 2.0)
@@ -216,6 +219,14 @@ class Worker:
                 self.killed_for = f"using more than {self.cgroup.memory_limit_mb} MB of memory (its cgroup's count)"
                 return True
         return False
+
+    def note_files_past_limit(self) -> None:
+        """Whether the files the job left on its own disk, where no cgroup counts them, exceed its memory limit by
+        themselves; if so, that is what the job was killed for. The watch samples every half second: a job that
+        wrote 1.5 GB against a 1 GiB limit and ended within one period scored `correct` (`make test-docker`)."""
+        if self.killed_for is None and self.memory_limit_mb is not None:
+            if _files_in_memory(self) > self.memory_limit_mb << 20:
+                self.killed_for = f"using more than {self.memory_limit_mb} MB of resident memory and files on its disk"
 
     def _stdio_tail(self) -> str:
         with contextlib.suppress(OSError):
@@ -705,6 +716,7 @@ class WorkerPool:
             stdio=stdio_reader,
             handover=handover,
             disk_device=os.stat(root).st_dev if self.job_disk_mb is not None else None,
+            memory_limit_mb=self.settings.memory_limit_mb,
         )
         worker.made_dirs = _dir_identities(worker)
         loop = asyncio.get_running_loop()

@@ -291,6 +291,14 @@ def test_what_the_service_puts_on_a_job_disk_is_not_the_jobs(tmp_path: Path) -> 
         worker.charge_service_write(1 << 20)  # a write that failed before it wrote anything: given back
         worker.release_service_write(1 << 20)
         assert 5 << 20 <= pool._files_in_memory(worker) <= (5 << 20) + empty
+        # At the job's end (Worker.finish), the files it left count against its limit whatever the watch saw: a job
+        # that ended within one of its periods scored `correct` with 1.5 GB of files against 1 GiB in compose.
+        worker.memory_limit_mb = 6
+        worker.note_files_past_limit()
+        assert worker.killed_for is None
+        worker.memory_limit_mb = 4
+        worker.note_files_past_limit()
+        assert worker.killed_for is not None and "files on its disk" in worker.killed_for
     finally:
         sandbox.detach_mounts(root)
     # Detached (its worker disposed of while the watch read it): what is below is not the job's.
