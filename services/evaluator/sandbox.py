@@ -601,7 +601,7 @@ def enter(spec: SandboxSpec) -> None:
         # and kills after the job (strict isolation's go to pid 1 of its namespace). The filter then keeps the job
         # from clearing this, and from putting a process directly under the service (CLONE_PARENT).
         adopt_orphans()
-    syscall_filter.install(own_ipc=spec.strict)
+    syscall_filter.install(own_namespaces=spec.strict)
     # Set after the uid change, which clears it: the worker dies with the service.
     _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
     # Not dumpable: no process of another job, even under this uid (process isolation), can open this worker's

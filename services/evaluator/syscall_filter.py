@@ -1,6 +1,6 @@
 """A seccomp filter every worker installs last in sandbox.enter(): sockets of the unix and inet families only; no
-io_uring, perf events, BPF, userfaultfd or kernel keys; no SysV IPC or message queues shared with other jobs; no new
-user namespace; no extended attributes set; no limits, priorities or scheduling set for another process; no file
+io_uring, perf events, BPF, userfaultfd or kernel keys; no SysV IPC, message queues or inet sockets but TCP shared
+with other jobs; no new user namespace; no extended attributes set; no limits, priorities or scheduling set for another process; no file
 leases; no way out of the worker's process tree; no SIGCONT sent, now or later.
 
 Why, call by call (each found by a red-team candidate, or a way to what one found):
@@ -18,6 +18,11 @@ Why, call by call (each found by a red-team candidate, or a way to what one foun
   every job shares the host's IPC namespace and uid, so one job's segment or queue is another's to open, a channel
   between candidates evaluated at once (as their files were: landlock.py). In `strict` isolation each job has an
   IPC namespace of its own, with small limits (sandbox.limit_ipc).
+- inet sockets but TCP streams, in `process` isolation alone: there jobs share the host's network, and Landlock's
+  rules (landlock.py) bind and connect TCP sockets alone. A red-team job called its service's HTTP API on loopback
+  through an MPTCP socket (IPPROTO_MPTCP, a stream of its own protocol number) and two jobs evaluated at once talked
+  over UDP. A socket of the inet families must be a stream of protocol 0 or TCP: EPROTONOSUPPORT otherwise. In
+  `strict` isolation each job has a network namespace of its own with no interface up.
 - setxattr, lsetxattr, fsetxattr, setxattrat: extended attributes on a tmpfs are kernel memory that takes no disk
   block and no resident page. Without job cgroups, a candidate held 1.5 GB of them on its private /dev/shm against
   a 1 GiB limit and scored `correct` (the memory watch counts a job disk's blocks). They fail with ENOTSUP, as on
@@ -79,6 +84,7 @@ SECCOMP_RET_ERRNO = 0x00050000
 # Classic BPF opcodes: BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_JMP|BPF_JGE|BPF_K, BPF_JMP|BPF_JSET|BPF_K,
 # BPF_RET|BPF_K.
 LOAD_WORD, JUMP_IF_EQUAL, JUMP_IF_AT_LEAST, JUMP_IF_ANY_BIT, RETURN = 0x20, 0x15, 0x35, 0x45, 0x06
+AND = 0x54  # BPF_ALU|BPF_AND|BPF_K
 # Offsets in struct seccomp_data: the call's number, its ABI, the low words of its first three arguments
 # (little-endian).
 NR_OFFSET, ARCH_OFFSET, FIRST_ARGUMENT_OFFSET, SECOND_ARGUMENT_OFFSET, THIRD_ARGUMENT_OFFSET = 0, 4, 16, 24, 32
@@ -164,6 +170,8 @@ MACHINES = {
 PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
 F_SETLEASE, F_SETSIG = 1024, 10
 ALLOWED_SOCKET_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6)
+# A socket's type is its second argument's low bits (the rest are SOCK_NONBLOCK and SOCK_CLOEXEC).
+SOCK_TYPE_MASK = 0xF
 
 
 class _SockFilter(ctypes.Structure):
@@ -174,11 +182,12 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
 
 
-def program(machine: str, own_ipc: bool = True) -> list[tuple[int, int, int, int]]:
+def program(machine: str, own_namespaces: bool = True) -> list[tuple[int, int, int, int]]:
     """The filter's instructions (code, jump if true, jump if false, k) for `machine`, top to bottom, for a job with
-    an IPC namespace of its own or without one. A jump skips that many instructions after itself."""
+    IPC and network namespaces of its own or one sharing the host's. A jump skips that many instructions after
+    itself."""
     calls = MACHINES[machine]
-    refused = calls.refused + (() if own_ipc else calls.shared_ipc)
+    refused = calls.refused + (() if own_namespaces else calls.shared_ipc)
     allow = (RETURN, 0, 0, SECCOMP_RET_ALLOW)
     no_such_call = (RETURN, 0, 0, SECCOMP_RET_ERRNO | errno.ENOSYS)
     # Another ABI than the process's own: ENOSYS.
@@ -236,19 +245,38 @@ def program(machine: str, own_ipc: bool = True) -> list[tuple[int, int, int, int
         instructions += [not_permitted, allow]
     # Any call but socket: allowed. socket: its family must be one of ours (each check jumps to the last "allow").
     instructions += [(JUMP_IF_EQUAL, 1, 0, calls.socket), allow, (LOAD_WORD, 0, 0, FIRST_ARGUMENT_OFFSET)]
-    families = len(ALLOWED_SOCKET_FAMILIES)
-    instructions += [(JUMP_IF_EQUAL, families - i, 0, family) for i, family in enumerate(ALLOWED_SOCKET_FAMILIES)]
-    instructions += [(RETURN, 0, 0, SECCOMP_RET_ERRNO | errno.EAFNOSUPPORT), allow]
+    if own_namespaces:
+        families = len(ALLOWED_SOCKET_FAMILIES)
+        instructions += [(JUMP_IF_EQUAL, families - i, 0, f) for i, f in enumerate(ALLOWED_SOCKET_FAMILIES)]
+        instructions += [(RETURN, 0, 0, SECCOMP_RET_ERRNO | errno.EAFNOSUPPORT), allow]
+        return instructions
+    # Sharing the host's network: a unix socket, or an inet one that is a TCP stream (protocol 0 or TCP's).
+    no_such_protocol = (RETURN, 0, 0, SECCOMP_RET_ERRNO | errno.EPROTONOSUPPORT)
+    instructions += [
+        (JUMP_IF_EQUAL, 3, 0, socket.AF_UNIX),
+        (JUMP_IF_EQUAL, 3, 0, socket.AF_INET),
+        (JUMP_IF_EQUAL, 2, 0, socket.AF_INET6),
+        (RETURN, 0, 0, SECCOMP_RET_ERRNO | errno.EAFNOSUPPORT),
+        allow,
+        (LOAD_WORD, 0, 0, SECOND_ARGUMENT_OFFSET),
+        (AND, 0, 0, SOCK_TYPE_MASK),
+        (JUMP_IF_EQUAL, 0, 4, socket.SOCK_STREAM),
+        (LOAD_WORD, 0, 0, THIRD_ARGUMENT_OFFSET),
+        (JUMP_IF_EQUAL, 1, 0, 0),
+        (JUMP_IF_EQUAL, 0, 1, socket.IPPROTO_TCP),
+        allow,
+        no_such_protocol,
+    ]
     return instructions
 
 
-def install(own_ipc: bool) -> None:
+def install(own_namespaces: bool) -> None:
     """Load the filter into the calling process (needs PR_SET_NO_NEW_PRIVS or CAP_SYS_ADMIN). A machine the filter
     does not know gets none (its socket families are then unfiltered)."""
     machine = platform.machine()
     if machine not in MACHINES:
         return
-    instructions = program(machine, own_ipc)
+    instructions = program(machine, own_namespaces)
     filters = (_SockFilter * len(instructions))(*(_SockFilter(*i) for i in instructions))
     prog = _SockFprog(len(instructions), filters)
     libc = ctypes.CDLL(None, use_errno=True)

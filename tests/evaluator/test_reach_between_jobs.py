@@ -244,7 +244,9 @@ def test_a_job_cannot_set_the_service_s_limits_or_priority(tmp_path_factory: pyt
 
 def test_a_job_cannot_call_its_service_s_api(process_client: httpx.Client) -> None:
     """Process isolation shares the host's loopback, where the service needs no token: Landlock's TCP rules (ABI 4)
-    keep a job from connecting to any TCP port."""
+    keep a job from connecting to any TCP port, and the seccomp filter from making any other inet socket than a TCP
+    stream (a red-team job called the service's `/evaluate` and `/metrics` through an MPTCP socket, which the TCP
+    rules do not reach, and two jobs talked over UDP)."""
     if _landlock_abi(process_client) < landlock.TCP_ABI:
         pytest.skip("no Landlock TCP rules here (docs/evaluator.md, Not covered)")
     port = process_client.base_url.port
@@ -252,12 +254,21 @@ def test_a_job_cannot_call_its_service_s_api(process_client: httpx.Client) -> No
         "return x.clamp_min(0) * self.scale",
         prelude=f"""
 import socket
+for _protocol in (0, 262):  # TCP, MPTCP
+    try:
+        _socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM, _protocol)
+        _socket.settimeout(5)
+        _socket.connect(("127.0.0.1", {port}))
+    except OSError:
+        continue
+    raise RuntimeError(f"connected to the service on port {port} over protocol {{_protocol}}")
 try:
-    socket.create_connection(("127.0.0.1", {port}), timeout=5).close()
+    _socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    _socket.sendto(b"to another job", ("127.0.0.1", {port}))
 except OSError:
     pass
 else:
-    raise RuntimeError("connected to the service on port {port}")
+    raise RuntimeError("sent a datagram on loopback")
 """,
     )
     result = evaluate_briefly(process_client, calls_the_service)

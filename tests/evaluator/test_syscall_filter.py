@@ -23,7 +23,7 @@ from services.evaluator import syscall_filter
 calls = syscall_filter.MACHINES[platform.machine()]
 libc = ctypes.CDLL(None, use_errno=True)
 libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
-syscall_filter.install(own_ipc=sys.argv[2] == "own")
+syscall_filter.install(own_namespaces=sys.argv[2] == "own")
 results = {}
 # SysV IPC and POSIX message queues, each made private and removed at once where the filter lets it through.
 libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
@@ -39,6 +39,17 @@ for name, make, remove in (
     if made >= 0:
         remove(made)
 results["shmat"] = "ok" if libc.shmat(-1, None, 0) not in (None, -1) else errno.errorcode[ctypes.get_errno()]
+# inet sockets of each kind (type, protocol), by the C library's call: a TCP stream, the default stream, UDP, MPTCP.
+libc.socket.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+for family in ("AF_INET", "AF_INET6"):
+    for kind, type_, protocol in (
+        ("tcp", socket.SOCK_STREAM | socket.SOCK_CLOEXEC, socket.IPPROTO_TCP), ("stream", socket.SOCK_STREAM, 0),
+        ("udp", socket.SOCK_DGRAM, 0), ("mptcp", socket.SOCK_STREAM, 262),
+    ):
+        made = libc.socket(getattr(socket, family), type_, protocol)
+        results[f"{family}_{kind}"] = errno.errorcode[ctypes.get_errno()] if made < 0 else "ok"
+        if made >= 0:
+            os.close(made)
 for name in ("AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK", "AF_PACKET"):
     try:
         socket.socket(getattr(socket, name), socket.SOCK_DGRAM if name != "AF_NETLINK" else socket.SOCK_RAW).close()
@@ -150,19 +161,28 @@ print(json.dumps(results))
 @pytest.mark.skipif(sys.platform != "linux", reason="seccomp is Linux's")
 @pytest.mark.parametrize("ipc", ["own", "shared"])
 def test_the_filter_allows_unix_and_inet_sockets_only(tmp_path: Path, ipc: str) -> None:
-    """`own`: a strict-isolation worker's, in an IPC namespace of its own; `shared`: a process-isolation worker's."""
+    """`own`: a strict-isolation worker's, in IPC and network namespaces of its own; `shared`: a process-isolation
+    worker's, in the host's."""
     probe = subprocess.run(
         [sys.executable, "-c", PROBE, str(tmp_path / "file"), ipc], capture_output=True, text=True, cwd=REPO_ROOT,
         timeout=60, check=True,
     )  # fmt: skip
     results = json.loads(probe.stdout)
-    # Without an IPC namespace of its own, a job would share these with every other job: a channel between them.
+    # Without IPC and network namespaces of its own, a job would share these with every other job: channels between
+    # them, and through MPTCP (which Landlock's TCP rules do not reach) its service's HTTP API.
     made = ("shmget", "msgget", "semget", "mq_open")
+    inet = [f"{family}_{kind}" for family in ("AF_INET", "AF_INET6") for kind in ("tcp", "stream", "udp", "mptcp")]
     if ipc == "own":
         assert {results[name] for name in made} == {"ok"} and results["shmat"] == "EINVAL", results
+        assert {results[name] for name in inet if "mptcp" not in name} == {"ok"}, results  # MPTCP: the kernel's
     else:
         assert {results[name] for name in (*made, "shmat")} == {"ENOSYS"}, results
-    assert results["AF_UNIX"] == results["AF_INET"] == results["AF_INET6"] == results["socketpair"] == "ok"
+        assert {name: results[name] for name in inet if results[name] != "ok"} == {
+            name: "EPROTONOSUPPORT" for name in inet if "udp" in name or "mptcp" in name
+        }, results
+    assert results["AF_UNIX"] == results["socketpair"] == "ok", results
+    # The probe's own inet sockets below are datagrams: a job sharing the host's network may make TCP streams alone.
+    assert results["AF_INET"] == results["AF_INET6"] == ("ok" if ipc == "own" else "EPROTONOSUPPORT"), results
     assert results["AF_NETLINK"] == results["AF_PACKET"] == "EAFNOSUPPORT", results
     assert results["io_uring_setup"] == "ENOSYS", results
     refused = ("perf_event_open", "bpf", "userfaultfd", "add_key", "request_key", "keyctl")
