@@ -1,7 +1,7 @@
 """A seccomp filter every worker installs last in sandbox.enter(): sockets of the unix and inet families only; no
 io_uring, perf events, BPF, userfaultfd or kernel keys; no SysV IPC, message queues or inet sockets but TCP shared
 with other jobs; no new user namespace; no extended attributes set; no limits, priorities or scheduling set for another process; no file
-leases; no way out of the worker's process tree; no SIGCONT sent, now or later.
+leases; no pseudo-terminal unlocked; no way out of the worker's process tree; no SIGCONT sent, now or later.
 
 Why, call by call (each found by a red-team candidate, or a way to what one found):
 - netlink sockets: their receive queues hold kernel memory that no memory cgroup is charged for and that no
@@ -40,6 +40,10 @@ Why, call by call (each found by a red-team candidate, or a way to what one foun
   the build cache's libraries and on the reference's saved files: the service's event loop stalled for 45 s on a
   cache hit, and every later evaluation that ran a reference ended `evaluator_error`. In `strict` isolation a job
   owns its saved outputs, which the service opens. No kernel benchmark needs a lease: EPERM.
+- pseudo-terminals unlocked (ioctl TIOCSPTLCK, what unlockpt and openpty call): a job may open `/dev/ptmx` (its
+  devices are writable), and in `process` isolation another job of the same uid could open that terminal's other
+  end: a red-team pair named the terminal in a thread's name and talked both ways through it. A terminal never
+  unlocked has no other end to open, here or in any job. No kernel benchmark needs one: EPERM.
 - a process out of the worker's process tree (clone with CLONE_PARENT, which makes the worker's parent, the service,
   the new process's; prctl PR_SET_CHILD_SUBREAPER, which would clear the flag that keeps a `process`-isolation
   worker's orphans its own, sandbox.enter): the judge stops a job by its worker's tree, and in `process` isolation a
@@ -116,6 +120,7 @@ class Machine:
     ioprio_set: int
     fcntl: int  # refused with F_SETLEASE or F_SETSIG
     prctl: int  # refused with PR_SET_CHILD_SUBREAPER
+    ioctl: int  # refused with TIOCSPTLCK
     # Calls that send a signal, each with its signal's offset in struct seccomp_data: refused with SIGCONT. kill,
     # tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo, pidfd_send_signal (424 on both).
     signal_senders: tuple[tuple[int, int], ...]
@@ -135,6 +140,7 @@ MACHINES = {
         251,
         72,
         157,
+        16,
         (
             (62, SECOND_ARGUMENT_OFFSET),
             (200, SECOND_ARGUMENT_OFFSET),
@@ -157,6 +163,7 @@ MACHINES = {
         30,
         25,
         167,
+        29,
         (
             (129, SECOND_ARGUMENT_OFFSET),
             (130, SECOND_ARGUMENT_OFFSET),
@@ -169,6 +176,7 @@ MACHINES = {
 }
 PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
 F_SETLEASE, F_SETSIG = 1024, 10
+TIOCSPTLCK = 0x40045431  # the same on both machines
 ALLOWED_SOCKET_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6)
 # A socket's type is its second argument's low bits (the rest are SOCK_NONBLOCK and SOCK_CLOEXEC).
 SOCK_TYPE_MASK = 0xF
@@ -232,11 +240,13 @@ def program(machine: str, own_namespaces: bool = True) -> list[tuple[int, int, i
             not_permitted,
             allow,
         ]
-    # A file lease or another signal for a file's events, a child subreaper set or cleared, SIGCONT sent: EPERM. Each
+    # A file lease or another signal for a file's events, a child subreaper set or cleared, a pseudo-terminal
+    # unlocked, SIGCONT sent: EPERM. Each
     # value checked jumps to the EPERM after the last; the last one's "false" skips that return.
     for nr, offset, refused in (
         (calls.fcntl, SECOND_ARGUMENT_OFFSET, (F_SETLEASE, F_SETSIG)),
         (calls.prctl, FIRST_ARGUMENT_OFFSET, (PR_SET_CHILD_SUBREAPER,)),
+        (calls.ioctl, SECOND_ARGUMENT_OFFSET, (TIOCSPTLCK,)),
         *((sender, offset, (signal.SIGCONT,)) for sender, offset in calls.signal_senders),
     ):
         last = len(refused) - 1

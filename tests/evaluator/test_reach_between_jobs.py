@@ -340,7 +340,7 @@ def _other_homes():
 
 # Finds the other workers' homes (their command lines name them), then reads and lists what it can there;
 # binds a unix socket in its own home (another job could connect to it by its path), and makes each kind of IPC
-# object a job of the host could share; reports what worked, after how many homes it found.
+# object and a pseudo-terminal a job of the host could share; reports what worked, after how many homes it found.
 REACHES_OTHER_JOBS_FILES = sources.candidate(
     'raise RuntimeError(f"REACHED {_reach()!r}")',
     prelude=OTHER_HOMES
@@ -369,6 +369,11 @@ def _reach():
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.shmget(0, 4096, 0o600) >= 0 or libc.msgget(0, 0o600) >= 0:
         reached.append("SysV IPC made")
+    try:
+        os.openpty()  # unlocked: another job of the uid could open its other end by its /dev/pts path
+        reached.append("pseudo-terminal opened")
+    except OSError:
+        pass
     return len(homes), reached
 """,
 )
@@ -379,7 +384,8 @@ def test_a_job_reads_nothing_of_another_job_s_in_process_isolation(process_clien
     clock of either's (a red-team job had one compute 842 of another's timed calls through a unix socket bound in
     its home: `correct`, no flag). Where the kernel gives workers a Landlock domain, a job reads nothing beneath the
     directory the workers' are made in but its own home (and the build cache), and binds no socket file; the seccomp
-    filter refuses SysV IPC and POSIX message queues where jobs share the host's IPC namespace."""
+    filter refuses SysV IPC and POSIX message queues where jobs share the host's IPC namespace, and unlocking a
+    pseudo-terminal (a red-team pair talked through one, found by a thread's name)."""
     if _landlock_abi(process_client) == 0:
         pytest.skip("no Landlock here (docs/evaluator.md, Not covered)")
     found, reached = reported(evaluate_briefly(process_client, REACHES_OTHER_JOBS_FILES), "REACHED")

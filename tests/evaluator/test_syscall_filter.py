@@ -1,8 +1,8 @@
 """The workers' seccomp filter, installed in a real process: unix and inet sockets, threads and child processes
 work; netlink and packet sockets, io_uring, perf events, kernel keys, new user namespaces, extended attributes and
-another process's limits, priorities and scheduling, file leases, ways out of the process tree and SIGCONT, sent
-or armed, do not, nor, without an IPC namespace of the job's own, SysV IPC and POSIX message queues; and children
-inherit it."""
+another process's limits, priorities and scheduling, file leases, unlocked pseudo-terminals, ways out of the process
+tree and SIGCONT, sent or armed, do not, nor, without IPC and network namespaces of the job's own, SysV IPC, POSIX
+message queues and inet sockets but TCP streams; and children inherit it."""
 
 from __future__ import annotations
 
@@ -110,6 +110,19 @@ for name, call in (
         results[name] = "ok"
     except OSError as error:
         results[name] = errno.errorcode[error.errno]
+# A pseudo-terminal: made, but not unlocked (so its other end cannot be opened), nor one opened whole.
+import struct
+master = os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY)
+for name, call in (
+    ("unlockpt", lambda: fcntl.ioctl(master, 0x40045431, struct.pack("i", 0))),  # TIOCSPTLCK
+    ("openpty", lambda: [os.close(end) for end in os.openpty()]),
+    ("tcgetattr", lambda: __import__("termios").tcgetattr(master)),
+):
+    try:
+        call()
+        results[name] = "ok"
+    except OSError as error:
+        results[name] = errno.errorcode[error.errno]
 # Out of the caller's process tree: a child of its parent (CLONE_PARENT, with the signal a fork sends), or the
 # subreaper flag set or cleared; reading the flag still works.
 import signal
@@ -200,6 +213,8 @@ def test_the_filter_allows_unix_and_inet_sockets_only(tmp_path: Path, ipc: str) 
     assert {results[name] for name in own} == {"ok"}, results
     # A lease would make the service's opens of the file wait or fail.
     assert results["lease"] == "EPERM" and results["fcntl_getfl"] == results["flock"] == "ok", results
+    # Another job could open an unlocked terminal's other end: a channel between them. Other terminal calls work.
+    assert results["unlockpt"] == results["openpty"] == "EPERM" and results["tcgetattr"] == "ok", results
     # The judge stops a job by its worker's process tree: nothing may leave it.
     assert results["clone_parent"] == results["set_subreaper"] == "EPERM" and results["get_subreaper"] == "ok", results
     # Only SIGCONT undoes the judge's stop: none is sent, nor armed to come while the job is held.
