@@ -18,8 +18,9 @@ it scopes, and why it is here:
   namespace, so two jobs could otherwise talk through one).
 - TCP (ABI 4, Linux 6.7): no bind and no connect. In `strict` isolation a job's network namespace has no interface
   up, so nothing changes there; in `process` isolation a red-team job called its own service's HTTP API on
-  127.0.0.1 (no token is needed on loopback), and any other evaluator's on the host. The rules reach TCP alone:
-  every other inet socket (MPTCP, which reached the API all the same, and UDP) is the seccomp filter's to refuse.
+  127.0.0.1 (no token is needed on loopback), and any other evaluator's on the host. The rules check TCP's `bind`
+  and `connect` alone: MPTCP, a TCP Fast Open send (which connects without `connect`) and a port `listen` chose
+  without `bind` reached the API or another job all the same, so there the seccomp filter refuses every inet socket.
 - writes (`process` isolation only): files and directories are made, written, truncated, removed, renamed or linked
   only beneath the job's home; beneath `/dev` what exists (devices) may be written, nothing made, and a CUDA worker's
   own threads' files in `/proc/self/task` (the CUDA driver names its threads there). There the service,

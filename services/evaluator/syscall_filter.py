@@ -1,6 +1,6 @@
 """A seccomp filter every worker installs last in sandbox.enter(): sockets of the unix and inet families only; no
-io_uring, perf events, BPF, userfaultfd or kernel keys; no SysV IPC, message queues or inet sockets but TCP shared
-with other jobs; no new user namespace; no extended attributes set; no limits, priorities or scheduling set for another process; no file
+io_uring, perf events, BPF, userfaultfd or kernel keys; no SysV IPC, message queues or inet sockets shared with
+other jobs; no new user namespace; no extended attributes set; no limits, priorities or scheduling set for another process; no file
 leases; no pseudo-terminal unlocked; no way out of the worker's process tree; no SIGCONT sent, now or later.
 
 Why, call by call (each found by a red-team candidate, or a way to what one found):
@@ -18,11 +18,13 @@ Why, call by call (each found by a red-team candidate, or a way to what one foun
   every job shares the host's IPC namespace and uid, so one job's segment or queue is another's to open, a channel
   between candidates evaluated at once (as their files were: landlock.py). In `strict` isolation each job has an
   IPC namespace of its own, with small limits (sandbox.limit_ipc).
-- inet sockets but TCP streams, in `process` isolation alone: there jobs share the host's network, and Landlock's
-  rules (landlock.py) bind and connect TCP sockets alone. A red-team job called its service's HTTP API on loopback
-  through an MPTCP socket (IPPROTO_MPTCP, a stream of its own protocol number) and two jobs evaluated at once talked
-  over UDP. A socket of the inet families must be a stream of protocol 0 or TCP: EPROTONOSUPPORT otherwise. In
-  `strict` isolation each job has a network namespace of its own with no interface up.
+- inet sockets, in `process` isolation alone: there jobs share the host's network, and Landlock's rules
+  (landlock.py) check TCP's bind and connect calls alone. Red-team jobs called their service's HTTP API on loopback
+  through an MPTCP socket (a stream of its own protocol number), through a TCP Fast Open send (`sendto` with
+  MSG_FASTOPEN connects without `connect`), and listened on a port `listen` chose without `bind`, which another job
+  reached the same way; two jobs evaluated at once talked over UDP. Landlock bars every TCP connection a job could
+  make honestly, so no inet socket has a use there: EAFNOSUPPORT, as for the other families. In `strict` isolation
+  each job has a network namespace of its own with no interface up.
 - setxattr, lsetxattr, fsetxattr, setxattrat: extended attributes on a tmpfs are kernel memory that takes no disk
   block and no resident page. Without job cgroups, a candidate held 1.5 GB of them on its private /dev/shm against
   a 1 GiB limit and scored `correct` (the memory watch counts a job disk's blocks). They fail with ENOTSUP, as on
@@ -88,7 +90,6 @@ SECCOMP_RET_ERRNO = 0x00050000
 # Classic BPF opcodes: BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_JMP|BPF_JGE|BPF_K, BPF_JMP|BPF_JSET|BPF_K,
 # BPF_RET|BPF_K.
 LOAD_WORD, JUMP_IF_EQUAL, JUMP_IF_AT_LEAST, JUMP_IF_ANY_BIT, RETURN = 0x20, 0x15, 0x35, 0x45, 0x06
-AND = 0x54  # BPF_ALU|BPF_AND|BPF_K
 # Offsets in struct seccomp_data: the call's number, its ABI, the low words of its first three arguments
 # (little-endian).
 NR_OFFSET, ARCH_OFFSET, FIRST_ARGUMENT_OFFSET, SECOND_ARGUMENT_OFFSET, THIRD_ARGUMENT_OFFSET = 0, 4, 16, 24, 32
@@ -177,9 +178,7 @@ MACHINES = {
 PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
 F_SETLEASE, F_SETSIG = 1024, 10
 TIOCSPTLCK = 0x40045431  # the same on both machines
-ALLOWED_SOCKET_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6)
-# A socket's type is its second argument's low bits (the rest are SOCK_NONBLOCK and SOCK_CLOEXEC).
-SOCK_TYPE_MASK = 0xF
+ALLOWED_SOCKET_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6)  # unix alone where jobs share a network
 
 
 class _SockFilter(ctypes.Structure):
@@ -255,28 +254,9 @@ def program(machine: str, own_namespaces: bool = True) -> list[tuple[int, int, i
         instructions += [not_permitted, allow]
     # Any call but socket: allowed. socket: its family must be one of ours (each check jumps to the last "allow").
     instructions += [(JUMP_IF_EQUAL, 1, 0, calls.socket), allow, (LOAD_WORD, 0, 0, FIRST_ARGUMENT_OFFSET)]
-    if own_namespaces:
-        families = len(ALLOWED_SOCKET_FAMILIES)
-        instructions += [(JUMP_IF_EQUAL, families - i, 0, f) for i, f in enumerate(ALLOWED_SOCKET_FAMILIES)]
-        instructions += [(RETURN, 0, 0, SECCOMP_RET_ERRNO | errno.EAFNOSUPPORT), allow]
-        return instructions
-    # Sharing the host's network: a unix socket, or an inet one that is a TCP stream (protocol 0 or TCP's).
-    no_such_protocol = (RETURN, 0, 0, SECCOMP_RET_ERRNO | errno.EPROTONOSUPPORT)
-    instructions += [
-        (JUMP_IF_EQUAL, 3, 0, socket.AF_UNIX),
-        (JUMP_IF_EQUAL, 3, 0, socket.AF_INET),
-        (JUMP_IF_EQUAL, 2, 0, socket.AF_INET6),
-        (RETURN, 0, 0, SECCOMP_RET_ERRNO | errno.EAFNOSUPPORT),
-        allow,
-        (LOAD_WORD, 0, 0, SECOND_ARGUMENT_OFFSET),
-        (AND, 0, 0, SOCK_TYPE_MASK),
-        (JUMP_IF_EQUAL, 0, 4, socket.SOCK_STREAM),
-        (LOAD_WORD, 0, 0, THIRD_ARGUMENT_OFFSET),
-        (JUMP_IF_EQUAL, 1, 0, 0),
-        (JUMP_IF_EQUAL, 0, 1, socket.IPPROTO_TCP),
-        allow,
-        no_such_protocol,
-    ]
+    allowed = ALLOWED_SOCKET_FAMILIES if own_namespaces else (socket.AF_UNIX,)
+    instructions += [(JUMP_IF_EQUAL, len(allowed) - i, 0, family) for i, family in enumerate(allowed)]
+    instructions += [(RETURN, 0, 0, SECCOMP_RET_ERRNO | errno.EAFNOSUPPORT), allow]
     return instructions
 
 

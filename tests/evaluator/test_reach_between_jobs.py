@@ -243,12 +243,10 @@ def test_a_job_cannot_set_the_service_s_limits_or_priority(tmp_path_factory: pyt
 
 
 def test_a_job_cannot_call_its_service_s_api(process_client: httpx.Client) -> None:
-    """Process isolation shares the host's loopback, where the service needs no token: Landlock's TCP rules (ABI 4)
-    keep a job from connecting to any TCP port, and the seccomp filter from making any other inet socket than a TCP
-    stream (a red-team job called the service's `/evaluate` and `/metrics` through an MPTCP socket, which the TCP
-    rules do not reach, and two jobs talked over UDP)."""
-    if _landlock_abi(process_client) < landlock.TCP_ABI:
-        pytest.skip("no Landlock TCP rules here (docs/evaluator.md, Not covered)")
+    """Process isolation shares the host's loopback, where the service needs no token. Landlock's TCP rules (ABI 4)
+    check `bind` and `connect` alone: red-team jobs called the service's API through an MPTCP socket, which they do
+    not reach, and through a TCP Fast Open send, which connects without `connect`; two jobs talked over UDP. The
+    seccomp filter refuses every inet socket there."""
     port = process_client.base_url.port
     calls_the_service = sources.candidate(
         "return x.clamp_min(0) * self.scale",
@@ -262,6 +260,15 @@ for _protocol in (0, 262):  # TCP, MPTCP
     except OSError:
         continue
     raise RuntimeError(f"connected to the service on port {port} over protocol {{_protocol}}")
+try:
+    _socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    _socket.settimeout(5)
+    _socket.sendto(b"GET /health HTTP/1.0\\r\\n\\r\\n", socket.MSG_FASTOPEN, ("127.0.0.1", {port}))
+    _answer = _socket.recv(100)
+except OSError:
+    pass
+else:
+    raise RuntimeError(f"reached the service on port {port} by a fast-open send: {{_answer!r}}")
 try:
     _socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     _socket.sendto(b"to another job", ("127.0.0.1", {port}))
