@@ -251,7 +251,7 @@ def test_a_job_cannot_call_its_service_s_api(process_client: httpx.Client) -> No
     calls_the_service = sources.candidate(
         "return x.clamp_min(0) * self.scale",
         prelude=f"""
-import socket
+import socket, struct
 for _protocol in (0, 262):  # TCP, MPTCP
     try:
         _socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM, _protocol)
@@ -260,9 +260,9 @@ for _protocol in (0, 262):  # TCP, MPTCP
     except OSError:
         continue
     raise RuntimeError(f"connected to the service on port {port} over protocol {{_protocol}}")
-try:
+try:  # blocking, so that the send waits for the connection (a socket with a timeout is non-blocking underneath)
     _socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    _socket.settimeout(5)
+    _socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 5, 0))
     _socket.sendto(b"GET /health HTTP/1.0\\r\\n\\r\\n", socket.MSG_FASTOPEN, ("127.0.0.1", {port}))
     _answer = _socket.recv(100)
 except OSError:
