@@ -1,7 +1,8 @@
-"""A seccomp filter every worker installs last in sandbox.enter(): sockets of the unix and inet families only; no
-io_uring, perf events, BPF, userfaultfd or kernel keys; no SysV IPC, message queues or inet sockets shared with
-other jobs; no new user namespace; no extended attributes set; no limits, priorities or scheduling set for another process; no file
-leases; no pseudo-terminal unlocked; no way out of the worker's process tree; no SIGCONT sent, now or later.
+"""A seccomp filter every worker installs last in sandbox.enter(): sockets of the unix and inet families only (unix
+alone where jobs share the host's network); no io_uring, perf events, BPF, userfaultfd or kernel keys; no SysV IPC or
+message queues shared with other jobs; no new user namespace; no extended attributes set; no limits, priorities or
+scheduling set for another process; no file leases; no pseudo-terminal unlocked; no way out of the worker's process
+tree; no SIGCONT sent, now or later.
 
 Why, call by call (each found by a red-team candidate, or a way to what one found):
 - netlink sockets: their receive queues hold kernel memory that no memory cgroup is charged for and that no
