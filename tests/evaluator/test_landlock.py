@@ -102,7 +102,8 @@ WRITING_IN_A_DOMAIN = REPORTS_WHAT_WORKED + textwrap.dedent(
     import ctypes, os, socket, subprocess, sys, threading
     from services.evaluator import landlock
 
-    home, outside, names_threads, unreadable, other_job, readable, other = *sys.argv[1:3], sys.argv[3] == "cuda", *sys.argv[4:8]
+    home, outside, unreadable, other_job, readable, other = *sys.argv[1:3], *sys.argv[4:8]
+    names_threads = sys.argv[3] == "cuda"
     ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
     print("version", landlock.restrict_self(
         home=home, names_threads=names_threads, unreadable=unreadable, readable=(readable, unreadable)))
