@@ -1,8 +1,8 @@
 """A seccomp filter every worker installs last in sandbox.enter(): sockets of the unix and inet families only (unix
-alone where jobs share the host's network); no io_uring, perf events, BPF, userfaultfd or kernel keys; no SysV IPC or
-message queues shared with other jobs; no new user namespace; no extended attributes set; no limits, priorities or
-scheduling set for another process; no file leases; no pseudo-terminal unlocked; no way out of the worker's process
-tree; no SIGCONT sent, now or later.
+alone where jobs share the host's network); no io_uring, perf events, BPF, userfaultfd, kernel keys or file watches;
+no SysV IPC or message queues shared with other jobs; no new user namespace; no extended attributes set; no limits,
+priorities or scheduling set for another process; no file leases; no pseudo-terminal unlocked; no way out of the
+worker's process tree; no SIGCONT sent, now or later.
 
 Why, call by call (each found by a red-team candidate, or a way to what one found):
 - netlink sockets: their receive queues hold kernel memory that no memory cgroup is charged for and that no
@@ -15,6 +15,11 @@ Why, call by call (each found by a red-team candidate, or a way to what one foun
   kernel reach, with no use in a kernel benchmark.
 - add_key, request_key, keyctl: key serials are global and keys outlive the job, its uid and the service: later
   jobs read and overwrote earlier jobs' keys, a channel between evaluations.
+- inotify and fanotify (inotify_init, inotify_init1, fanotify_init): a job watching a file every job can read (in
+  /etc, the interpreter's, the repository's: the same inodes in every job's namespace, in `strict` isolation too)
+  sees each open of it by another job, a channel between candidates evaluated at once (a red-team pair in `process`
+  isolation sent a message through it intact, at thousands of bits a second). No kernel benchmark watches files:
+  ENOSYS, as on a kernel built without them (libraries that can watch fall back to polling).
 - SysV IPC and POSIX message queues (shmget, shmat, msgget, semget, mq_open), in `process` isolation alone: there
   every job shares the host's IPC namespace and uid, so one job's segment or queue is another's to open, a channel
   between candidates evaluated at once (as their files were: landlock.py). In `strict` isolation each job has an
@@ -107,7 +112,8 @@ class Machine:
     clone: int
     unshare: int
     # Calls that fail with ENOSYS: io_uring_setup, _enter, _register, clone3 (the same numbers on both machines),
-    # perf_event_open, bpf, userfaultfd, add_key, request_key, keyctl, timer_create, mq_notify.
+    # perf_event_open, bpf, userfaultfd, add_key, request_key, keyctl, timer_create, mq_notify, then inotify_init
+    # (x86-64 alone), inotify_init1, fanotify_init.
     refused: tuple[int, ...]
     # Calls that fail with ENOSYS where the job has no IPC namespace of its own: shmget, shmat, msgget, semget,
     # mq_open.
@@ -134,7 +140,7 @@ MACHINES = {
         41,
         56,
         272,
-        (425, 426, 427, 435, 298, 321, 323, 248, 249, 250, 222, 244),
+        (425, 426, 427, 435, 298, 321, 323, 248, 249, 250, 222, 244, 253, 294, 300),
         (29, 30, 68, 64, 240),
         (188, 189, 190, 463),
         (302, 142, 144, 314),
@@ -157,7 +163,7 @@ MACHINES = {
         198,
         220,
         97,
-        (425, 426, 427, 435, 241, 280, 282, 217, 218, 219, 107, 184),
+        (425, 426, 427, 435, 241, 280, 282, 217, 218, 219, 107, 184, 26, 262),
         (194, 196, 186, 190, 180),
         (5, 6, 7, 463),
         (261, 118, 119, 274),

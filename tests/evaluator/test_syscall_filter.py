@@ -1,8 +1,8 @@
 """The workers' seccomp filter, installed in a real process: unix and inet sockets, threads and child processes
-work; netlink and packet sockets, io_uring, perf events, kernel keys, new user namespaces, extended attributes and
-another process's limits, priorities and scheduling, file leases, unlocked pseudo-terminals, ways out of the process
-tree and SIGCONT, sent or armed, do not, nor, without IPC and network namespaces of the job's own, SysV IPC, POSIX
-message queues and inet sockets; and children inherit it."""
+work; netlink and packet sockets, io_uring, perf events, kernel keys, file watches, new user namespaces, extended
+attributes and another process's limits, priorities and scheduling, file leases, unlocked pseudo-terminals, ways out
+of the process tree and SIGCONT, sent or armed, do not, nor, without IPC and network namespaces of the job's own,
+SysV IPC, POSIX message queues and inet sockets; and children inherit it."""
 
 from __future__ import annotations
 
@@ -62,6 +62,9 @@ results["socketpair"] = "ok" if socket.socketpair() else "failed"
 for name, nr in zip(("perf_event_open", "bpf", "userfaultfd", "add_key", "request_key", "keyctl"), calls.refused[4:]):
     results[name] = "ok" if libc.syscall(nr, 0, 0, 0, 0, 0) >= 0 else errno.errorcode[ctypes.get_errno()]
 results["unshare_user"] = "ok" if libc.unshare(0x10000000) == 0 else errno.errorcode[ctypes.get_errno()]
+# File watches, by the C library's calls: another job's opens of a file both can read would be a channel.
+results["inotify_init1"] = "ok" if libc.inotify_init1(0) >= 0 else errno.errorcode[ctypes.get_errno()]
+results["fanotify_init"] = "ok" if libc.fanotify_init(0, 0) >= 0 else errno.errorcode[ctypes.get_errno()]
 with open(sys.argv[1], "w") as handle:
     for name, call in (("setxattr", lambda: os.setxattr(sys.argv[1], "user.held", b"x" * 1024)),
                        ("fsetxattr", lambda: os.setxattr(handle.fileno(), "user.held", b"x")),
@@ -195,7 +198,8 @@ def test_the_filter_allows_unix_and_inet_sockets_only(tmp_path: Path, ipc: str) 
     assert results["AF_INET"] == results["AF_INET6"] == ("ok" if ipc == "own" else "EAFNOSUPPORT"), results
     assert results["AF_NETLINK"] == results["AF_PACKET"] == "EAFNOSUPPORT", results
     assert results["io_uring_setup"] == "ENOSYS", results
-    refused = ("perf_event_open", "bpf", "userfaultfd", "add_key", "request_key", "keyctl")
+    refused = ("perf_event_open", "bpf", "userfaultfd", "add_key", "request_key", "keyctl", "inotify_init1")
+    refused += ("fanotify_init",)
     assert {results[name] for name in refused} == {"ENOSYS"}, results
     assert results["unshare_user"] == "EPERM" and results["thread"] == "ok", results
     # Other namespaces are the kernel's to allow (here: not without CAP_SYS_ADMIN, which an unprivileged run lacks).
