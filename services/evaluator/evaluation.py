@@ -79,9 +79,6 @@ RAN_WHILE_STOPPED_S = 0.002
 # this z, about p = 0.001); more means work the report hides (another stream, a false report).
 UNEXPLAINED_SHARE = 0.05
 UNEXPLAINED_SLACK_S = 0.0002
-# The candidate's output digest may take this share of the reference's longer as well (slower_outside_calls): the
-# same code's digest took 12-58 % longer in one honest process than in another, block after block.
-DIGEST_SHARE = 1.0
 # The judge's clock replaces a report that falls short of it by more than this many median absolute deviations of
 # the reference's overhead, plus CLOCKED_SHARE of the block, plus the slack (judge_room_s).
 JITTER_FACTOR = 3.0
@@ -1589,7 +1586,7 @@ def hides_work(reference: list[Block], candidate: list[Block]) -> str:
 
 
 def slower_outside_calls(reference: list[Block], candidate: list[Block], threads: int = 1) -> str:
-    """Which step around the timed calls (drawing the inputs, the digest, or the draw with the rest of the block) took
+    """Which step around the timed calls (drawing the inputs, the digest, or those with the rest of the block) took
     the candidate longer than the reference beyond chance (_slower_beyond_chance), by the judge's clock or by the wall
     clock, or "". Both run the same code there, so more time is work moved out of the timed calls: answers computed
     while the inputs were drawn, or only when the digest asked for them. On a CPU the judge's clock is CPU time
@@ -1604,15 +1601,7 @@ def slower_outside_calls(reference: list[Block], candidate: list[Block], threads
     rejected while it was flagged).
     The wall clock looks at the draw's time off the CPU beyond what its CPU time explains (its wall time less its CPU
     time scaled as the reference's draws are), which a process that draws slower on the CPU does not change, loaded
-    machine or not.
-
-    The digest comes after the block's reply, which committed to every call's output (the sketches on a GPU, the
-    judge's read of the memory on a CPU) and one call of which is checked in full: an output computed only in the
-    digest is a wrong output, caught in every block whose checked call it is. So the digest has a wide slack of its
-    own (DIGEST_SHARE of the reference's), and no test adds it to another step: an honest candidate's digest and draw,
-    each a little slower, added up to a false flag (`torch.compile` of a chain of element-wise operations, draw and
-    digest 7.7 against 6.6 ms a block by the wall clock, the digest alone 7.3 against 6.6, in two evaluations in a
-    row of a CI run)."""
+    machine or not."""
 
     # Off the CPU as the reference's draws are: a loaded machine makes every draw wait for a core in proportion to
     # its CPU time, so a draw slower on the CPU waits longer too.
@@ -1622,27 +1611,28 @@ def slower_outside_calls(reference: list[Block], candidate: list[Block], threads
     def draw_off_cpu(block: Block) -> float:
         return block.drawn_wall_s - block.drawn_s * threads * wall_per_cpu_s
 
-    # (step, its time in a block, whether it is the digest)
-    judges_clock: list[tuple[str, Callable[[Block], float], bool]] = [
-        ("the output digest", lambda b: b.digest_s, True),
+    judges_clock: list[tuple[str, Callable[[Block], float]]] = [
+        ("the output digest", lambda b: b.digest_s),
+        ("the digest and the time after the calls together", lambda b: b.unexplained_s + b.digest_s),
     ]
-    # Each step, then the draw and the time after the calls together: work moved into the draw in some blocks and
-    # past the end of the timed calls (hides_work) in others, too few blocks of each to see alone (a red-team
-    # candidate split 16 of 20 blocks between them, 8 each, and scored correct at 1.3x and 3.0x).
-    wall_clock: list[tuple[str, Callable[[Block], float], bool]] = [
-        ("drawing the inputs (off the CPU)", draw_off_cpu, False),
-        ("the output digest", lambda b: b.digest_wall_s, True),
+    # Each step, then steps together: work moved into the draw in some blocks and into the digest, or past the end
+    # of the timed calls (hides_work), in others, too few blocks of each to see alone (a red-team candidate split 16
+    # of 20 blocks between the draw and the time after its calls returned, 8 each, and scored correct at 1.3x and
+    # 3.0x).
+    wall_clock: list[tuple[str, Callable[[Block], float]]] = [
+        ("drawing the inputs (off the CPU)", draw_off_cpu),
+        ("the output digest", lambda b: b.digest_wall_s),
+        ("drawing the inputs (off the CPU) and the digest together", lambda b: draw_off_cpu(b) + b.digest_wall_s),
         (
-            "drawing the inputs (off the CPU) and the time after the calls together",
-            lambda b: draw_off_cpu(b) + b.unexplained_wall_s,
-            False,
+            "all the time around the timed calls (drawing off the CPU, the block, the digest)",
+            lambda b: draw_off_cpu(b) + b.unexplained_wall_s + b.digest_wall_s,
         ),
     ]
     for clock, steps, block_s in (
         ("the judge's clock", judges_clock, statistics.median(b.clocked_s for b in candidate)),
         ("the wall clock", wall_clock, statistics.median(b.wall_s for b in candidate)),
     ):
-        for step, value, is_digest in steps:
+        for step, value in steps:
             ours, theirs = [value(b) for b in candidate], [value(b) for b in reference]
             # The slack is at least hides_work's (5 % of the block: an honest candidate's steps around its calls may
             # cost it a little more than the reference's in every block), and never below CLOCKED_SHARE of the
@@ -1650,8 +1640,6 @@ def slower_outside_calls(reference: list[Block], candidate: list[Block], threads
             # 1 / (1 - CLOCKED_SHARE) of speed.
             scale = max(statistics.median(ours), block_s)
             slack = max(UNEXPLAINED_SHARE * scale, CLOCKED_SHARE * block_s) + UNEXPLAINED_SLACK_S
-            if is_digest:
-                slack += DIGEST_SHARE * max(0.0, statistics.median(theirs))
             seen = _slower_beyond_chance(ours, theirs, slack, block_s)
             if seen:
                 return (
