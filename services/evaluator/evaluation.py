@@ -516,6 +516,8 @@ class Judge:
         # Workers the judge keeps stopped between two commands of a timed block (see _command): the pids it
         # stopped and their CPU clocks then, by the worker's pid.
         self.held: dict[int, tuple[list[sandbox.JobStop], dict[int, float]]] = {}
+        # Where the candidate's outputs of its last digested block lie (CPU): overwritten before its next block.
+        self.used_outputs: list[list[list[int]]] | None = None
         # The reference's timer: taken and sent its job, its model built on the host, ready to time.
         self.launched: Worker | None = None
         self.built = False
@@ -1000,7 +1002,10 @@ class Judge:
         - the warm-up blocks' outputs are checked by digest as timed blocks are (a fast wrong warm-up is
           `stale_output`), and a candidate slower than the reference in its warm-up by the wall clock is timed all
           the same and may reach the limit: that is its doing."""
-        warmup_calls = max(1, self.request.warmup_trials)
+        # At least two calls, in one block where they fit: an output the candidate returns again (a constant it keeps)
+        # shows as shared memory there, and copies go on before the judge overwrites any output it used
+        # (_poison_outputs), which would overwrite the constant itself.
+        warmup_calls = max(2, self.request.warmup_trials)
         chunks = [
             self._fresh_seeds(min(self.max_block_calls, warmup_calls - start))
             for start in range(0, warmup_calls, self.max_block_calls)
@@ -1187,6 +1192,8 @@ class Judge:
         the inputs of that call, which the reference's timer keeps to hash once both sides' blocks are done
         (_timers_inputs_hash)."""
         async with self._paused(worker):
+            if self.used_outputs is not None and worker is not self.timer:
+                await self._poison_outputs(worker, self.used_outputs)
             drawn_s = drawn_wall_s = 0.0
             if one_set is None:
                 command: dict[str, Any] = {"op": "draw", "seeds": seeds, "signed": self.signed_draws}
@@ -1225,8 +1232,9 @@ class Judge:
                 self.copy_outputs = True
                 log.info("a side's outputs share memory a later call writes again: each output is copied")
                 raise _OutputsReused
+            reply_regions = reply.get("regions")
             if check_call is not None and self.gpu is None:
-                block.held_hash = await self._read_held(worker, reply.get("regions"), calls, check_call)
+                block.held_hash = await self._read_held(worker, reply_regions, calls, check_call)
                 if one_set is None:
                     block.held_inputs_hash = await self._read_held(
                         worker, reply.get("input_regions"), calls, check_call, inputs=True
@@ -1245,6 +1253,13 @@ class Judge:
                 if not (output_digest.valid(block.digest) and output_digest.valid(block.inputs_digest)):
                     self.run_state.flags["result_tampering"] = "a malformed digest"
                     raise CandidateFailure
+                if self.gpu is None and worker is not self.timer:
+                    if not held_memory.valid_regions(reply_regions, calls):
+                        self.run_state.flags["result_tampering"] = (
+                            "a timing reply without the place of each call's output"
+                        )
+                        raise CandidateFailure
+                    self.used_outputs = reply_regions
             return block
 
     async def _timers_inputs_hash(self, timer: Worker, call: int) -> str:
@@ -1281,10 +1296,7 @@ class Judge:
         except PermissionError as error:
             # The service could not read a worker's memory at start-up either: not the job's doing. A check the
             # judge cannot hold to the timed call would let a forged output through, so none is made.
-            raise EvaluatorFailure(
-                f"the judge cannot read the worker's memory ({error}): the service needs CAP_SYS_PTRACE in strict "
-                "isolation, or a kernel whose Yama lets it read its children's memory in process isolation"
-            ) from error
+            raise _memory_out_of_reach(error, "read") from error
         except OSError:
             return None  # the job's processes are gone: its next command fails
         if aliased:
@@ -1295,6 +1307,29 @@ class Judge:
             )
             raise CandidateFailure
         return held_hash
+
+    async def _poison_outputs(self, worker: Worker, regions: list[list[list[int]]]) -> None:
+        """Overwrite the candidate's outputs of its last digested block in its memory (held_memory.poison), the
+        checked call's too, before its next block: the runner holds them until that block's first command, so the
+        memory is still theirs. As a caller that reuses what it was handed may: a red-team candidate kept the buffers
+        it had returned (a 16 MiB diag_embed output, zeros but its diagonal), took them again in later blocks and
+        wrote only the diagonal, `correct` at 10.6-14.3x where the reference allocates and zeroes each output; and
+        while the checked call's output was spared, one whose blocks held one call each kept them all (8.5x). A
+        region the reply gave falsely spares a real buffer only where its call is never the checked one (the check
+        reads the checked call's region)."""
+        self.used_outputs = None
+        max_bytes = len(regions) * (2 * _nbytes(self.reference.expected[0]) + 4096)
+        readable = self.pool.memory_readable
+        try:
+            pid = held_memory.worker_pid(worker.proc.pid, strict=worker.uid is not None)
+            await asyncio.to_thread(held_memory.poison, pid, [r for call in regions for r in call], max_bytes, readable)
+        except held_memory.UnreadableMemory as error:
+            self.run_state.flags["result_tampering"] = f"the block's outputs could not be overwritten: {error}"
+            raise CandidateFailure from error
+        except PermissionError as error:
+            raise _memory_out_of_reach(error, "write") from error
+        except OSError:
+            return  # the job's processes are gone: its next command fails
 
     async def _command(
         self, worker: Worker, command: dict[str, Any], reply: str, clocked: bool = False, hold: bool = False
@@ -1583,6 +1618,15 @@ def hides_work(reference: list[Block], candidate: list[Block]) -> str:
                 f"{seen}: work off the timed stream, or a false report"
             )
     return ""
+
+
+def _memory_out_of_reach(error: OSError, access: str) -> EvaluatorFailure:
+    """The service's own failure to `access` ("read", "write") a worker's memory, which it could not at start-up
+    either: not the job's doing."""
+    return EvaluatorFailure(
+        f"the judge cannot {access} the worker's memory ({error}): the service needs CAP_SYS_PTRACE in strict "
+        f"isolation, or a kernel whose Yama lets it {access} its children's memory in process isolation"
+    )
 
 
 def slower_outside_calls(reference: list[Block], candidate: list[Block], threads: int = 1) -> str:

@@ -128,6 +128,38 @@ def read_hash(pid: int, regions: list[list[int]], max_bytes: int, readable: bool
     return digest.hexdigest()
 
 
+def poison(pid: int, regions: list[list[int]], max_bytes: int, readable: bool) -> None:
+    """Overwrite the tensors at `regions` in a worker's memory with 0xFF bytes (NaN in every float type), as a caller
+    that reuses an output it was handed may. A job whose next outputs are right only because memory it returned
+    before still holds what it left there (a pool of returned buffers whose zeros a sparse output keeps) then returns
+    wrong ones. Raises UnreadableMemory where a region is not in the process's memory, or where the job barred the
+    judge (`readable` as read_hash's)."""
+    if sum(size for _, size in regions) > max_bytes:
+        raise UnreadableMemory(f"the outputs are said to be larger than {max_bytes} bytes")
+    fill = b"\xff" * min(READ_CHUNK, max((size for _, size in regions), default=0))
+    try:
+        memory = open(f"/proc/{pid}/mem", "wb", buffering=0)  # noqa: SIM115 - closed by the with below
+    except PermissionError:
+        if undumpable(pid):
+            raise UnreadableMemory(
+                "the job made itself undumpable, so the judge cannot overwrite its outputs"
+            ) from None
+        if readable:
+            raise UnreadableMemory("the job made its memory unwritable to the judge") from None
+        raise
+    with memory:
+        for address, size in regions:
+            done = 0
+            while done < size:
+                try:
+                    written = os.pwrite(memory.fileno(), fill[: min(READ_CHUNK, size - done)], address + done)
+                except (OSError, OverflowError, ValueError) as error:
+                    raise UnreadableMemory(f"no output at the address the reply gave: {error}") from error
+                if not written:
+                    raise UnreadableMemory("no output at the address the reply gave")
+                done += written
+
+
 def aliased_pages(pid: int) -> list[str]:
     """The stopped worker's writable shared mappings (/proc/<pid>/maps) that put the same backing pages (a file, a
     memfd, shared anonymous memory: device and inode, with the offset range) at more than one address. Mapped over

@@ -63,7 +63,7 @@ class EvaluateRequest(BaseModel):
         description="Timed calls of each model at least, in at least 50 samples (blocks of calls) where there are that "
         "many calls; 0 skips timing.",
     )
-    warmup_trials: int = Field(5, ge=0, le=1_000, description="Untimed calls before timing.")
+    warmup_trials: int = Field(5, ge=0, le=1_000, description="Untimed calls before timing (at least 2 run).")
     atol: float | None = Field(
         None,
         gt=0,

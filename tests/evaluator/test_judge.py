@@ -11,7 +11,7 @@ import pytest
 
 from services.evaluator.config import HACK_FLAGS
 from tests.evaluator import sources
-from tests.evaluator.conftest import evaluate
+from tests.evaluator.conftest import REFERENCE, evaluate
 from tests.evaluator.test_hostile import assert_still_correct
 
 # Looks for the reference model in its own process (it used to be timed there) and slows every one it finds.
@@ -616,6 +616,55 @@ def test_background_threads_cannot_slow_the_reference(any_client: httpx.Client) 
     assert_still_correct(any_client)
 
 
+# A 16 MiB output of zeros but its diagonal, which the reference allocates and zeroes at every call.
+DIAGONAL_REFERENCE = """
+import torch
+
+class Model(torch.nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return torch.diag_embed(torch.relu(x) * self.scale)
+
+def get_inputs():
+    return [torch.randn(16, 512)]
+
+def get_init_inputs():
+    return [2.0]
+"""
+
+# Keeps every output it returns and, once the runner has let one go, returns it again with only its diagonal
+# written: its zeros are still there from the first time. No code of the runner's touched, no guard silenced: a red-team
+# candidate of this kind scored `correct` at 10.6-11.4x before the judge overwrote each output it had used.
+RETURNED_BUFFERS_REUSED = """
+import sys
+import torch
+
+_RETURNED = []
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        shape = (*x.shape, x.shape[-1])
+        for out in _RETURNED:
+            if sys.getrefcount(out) == 3 and out.shape == shape:  # held by the list, this loop and the call alone
+                out.diagonal(dim1=-2, dim2=-1).copy_(torch.relu(x) * self.scale)
+                return out
+        out = torch.diag_embed(torch.relu(x) * self.scale)
+        _RETURNED.append(out)
+        return out
+"""
+
+
+# The reference each gamed candidate is scored against, where it is not the default one.
+REFERENCE_OF = {"returned_buffers_reused": DIAGONAL_REFERENCE}
+
+
 @pytest.mark.parametrize(
     ("name", "candidate", "verdicts"),
     [
@@ -630,15 +679,59 @@ def test_background_threads_cannot_slow_the_reference(any_client: httpx.Client) 
         ("lazy_takeover", LAZY_TAKEOVER, {"rejected"}),
         ("low_precision_timed", LOW_PRECISION_TIMED, {"rejected"}),
         ("digest_fills_outputs", DIGEST_FILLS_OUTPUTS, {"rejected"}),
+        ("returned_buffers_reused", RETURNED_BUFFERS_REUSED, {"rejected", "incorrect"}),
     ],
 )
 def test_gamed_timing_or_outputs_never_score(
     any_client: httpx.Client, name: str, candidate: str, verdicts: set[str]
 ) -> None:
-    result = evaluate(any_client, candidate, timing_trials=20)
+    reference = REFERENCE_OF.get(name, REFERENCE)
+    result = evaluate(any_client, candidate, reference, timing_trials=20, timeout_s=240)
     assert result["status"] in verdicts, f"{name}: {result['status']} {result['flags']} {result['message'][-600:]}"
     assert result["speedup"] is None
     assert_still_correct(any_client)
+
+
+# Returns a constant part of its output as one tensor it keeps, computed once: every call's output holds it.
+CONSTANT_PART_REFERENCE = """
+import torch
+
+class Model(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(n, n))
+
+    def forward(self, x):
+        return torch.relu(x) * 2, self.w.sum(0)
+
+def get_inputs():
+    return [torch.randn(256, 256)]
+
+def get_init_inputs():
+    return [256]
+"""
+
+CONSTANT_PART_KEPT = """
+import torch
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(n, n))
+        self.total = None
+
+    def forward(self, x):
+        if self.total is None:
+            self.total = self.w.sum(0)
+        return torch.relu(x) * 2, self.total
+"""
+
+
+def test_a_constant_output_the_candidate_keeps_is_not_overwritten(any_client: httpx.Client) -> None:
+    """The judge overwrites the outputs it has used; one the candidate returns again is its own memory. A warm-up of
+    one call saw no output returned twice, and the constant was overwritten (`stale_output`, 2 of 2 runs)."""
+    result = evaluate_honest(any_client, CONSTANT_PART_KEPT, CONSTANT_PART_REFERENCE, warmup_trials=1)
+    assert result["speedup"] is not None
 
 
 # A reference that writes its answer into one buffer it keeps (an `out=` pattern) and returns it: every call of a
