@@ -1381,8 +1381,11 @@ class Judge:
     async def _paused(self, active: Worker) -> AsyncIterator[None]:
         """Stop every process of the other worker's job (SIGSTOP: its process group, its process tree, in strict
         isolation its uid) while `active` runs, so a candidate's threads, children or daemons cannot slow the
-        reference down while it is timed."""
-        others = [w for w in self.pair if w is not active and w.proc.returncode is None]
+        reference down while it is timed. A worker the judge holds stopped since its last reply is left to that hold,
+        which its next command checks (_release): stopped and resumed here, it ran while held (an honest candidate
+        whose outputs first shared memory in a timed block, so that the round began again with the reference's
+        block, was `result_tampering` so)."""
+        others = [w for w in self.pair if w is not active and w.proc.returncode is None and w.proc.pid not in self.held]
         stops, at_stop = await asyncio.to_thread(_stop_and_clock, *others) if others else ([], {})
         try:
             yield

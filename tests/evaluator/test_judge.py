@@ -821,6 +821,15 @@ def get_init_inputs():
     return [128]
 """
 
+SMALL_RING_CANDIDATE_S_REFERENCE = FRESH_OUTPUT_REFERENCE.replace("384", "32")
+SMALL_RING_CANDIDATE = (
+    RING_BUFFER_REFERENCE.replace("class Model(", "class ModelNew(")
+    .replace('self.register_buffer("b", torch.zeros(n, n))', 'self.register_buffer("b", torch.zeros(n, n))\n'
+             '        self.register_buffer("c", torch.zeros(n, n))')
+    .replace("out = self.a if self.calls % 2 == 0 else self.b", "out = (self.a, self.b, self.c)[self.calls % 3]")
+    .replace("128", "32")
+)  # fmt: skip
+
 # Once outputs are copied, returns a tensor subclass of its buffer whose copy computes the answer (its
 # `__torch_function__` runs outside the timed call) and is a plain tensor.
 LAZY_COPY = BUFFER_CANDIDATE.format(
@@ -1705,8 +1714,13 @@ def test_a_reference_that_reuses_its_output_memory_has_every_call_checked(
         # An honest optimisation against a reference that returns fresh tensors: stale_output before, every output
         # of a block holding the last call's answer.
         (OUTPUT_BUFFER_REFERENCE.replace("class Model(", "class ModelNew("), FRESH_OUTPUT_REFERENCE),
+        # Three kept buffers in turn against fresh outputs, on calls of microseconds: the warm-up's two calls do not
+        # share memory, a timed block does, on the candidate's side only, and the round starts again with the
+        # reference's block while the candidate's job is held stopped (rejected `result_tampering` before: the
+        # reference's block resumed it).
+        (SMALL_RING_CANDIDATE, SMALL_RING_CANDIDATE_S_REFERENCE),
     ],
-    ids=["buffer", "ring", "buffer_against_fresh"],
+    ids=["buffer", "ring", "buffer_against_fresh", "candidate_ring_seen_in_a_timed_round"],
 )
 def test_an_honest_candidate_that_reuses_its_output_memory_is_correct(
     any_client: httpx.Client, candidate: str, reference: str
