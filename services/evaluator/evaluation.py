@@ -106,6 +106,9 @@ MAX_BLOCK_S = 0.25
 # blocks leave the clock too little resolution, and each round of longer blocks that follows costs a round.
 MIN_SAMPLE_MS_CPU = 5.0
 MIN_SAMPLE_MS_GPU = 20.0
+# On a CPU, how many times the reference timer's save of one output a timed block of the reference lasts at least
+# (where the block's memory allows: max_block_calls).
+SAVE_BLOCK_RATIO = 4.0
 # Fewest timed blocks (samples) a round has where `timing_trials` allows. A candidate that moves its work out of the
 # timed calls in just over half of its blocks sets the median, and so its speedup: at 20 blocks a side the rank test
 # of all pairs cannot see that half (z of 2.96 for 11 of 20), the test of the slowest blocks can (_slower_beyond_chance).
@@ -441,6 +444,10 @@ class Block:
     # the reply takes with it (helpers that compute the block's answers while the inputs are drawn).
     drawn_wall_s: float = 0.0
     digest_wall_s: float = 0.0
+    # The save of the checked call's output after the block (CPU; the reference's timer saves its own as the
+    # candidate does, so that both sides' saves are clocked alike): see Judge._check.
+    save_s: float = 0.0
+    save_wall_s: float = 0.0
     # The worker's word that a call's output shares memory a later call of the block writes again: either side's
     # turns on the copy of every output as its call returns (Judge.copy_outputs), which only costs both sides alike.
     aliased: bool = False
@@ -573,6 +580,7 @@ class Judge:
                 await self._correctness(candidate, job_sent_at)
                 if self._should_time():
                     await self._time_against_reference(candidate)
+                await self._release(candidate)  # held since its last reply (a check's save): it exits now
                 await candidate.send({"op": "exit"})
                 done = await candidate.expect({"done"}, self.deadline)
                 if done is not None:
@@ -939,7 +947,9 @@ class Judge:
                     f"{statistics.median(b.drawn_s for b in blocks[side]) * 1e3:.2f}"
                     for side in ("reference", "candidate")
                 )
-                flagged = " implausible" if "implausible_timing" in timing.flags else ""
+                # The step a flagged round was flagged for (an honest candidate's flagged rounds are read back so).
+                implausible = timing.flags.get("implausible_timing", "")
+                flagged = f" implausible: {implausible.split(': work moved')[0][:160]}" if implausible else ""
                 rounds.append(
                     f"{len(blocks['candidate'])}x{calls} calls {round_s:.1f} s room {share:.2f} drawn {drawn} ms{flagged}"
                 )
@@ -1024,6 +1034,14 @@ class Judge:
         min_sample_ms = self.settings.min_sample_ms or (
             MIN_SAMPLE_MS_GPU if self.gpu is not None else MIN_SAMPLE_MS_CPU
         )
+        if self.gpu is None:
+            # On a CPU a block lasts SAVE_BLOCK_RATIO times the save of one output at least, where memory allows: the
+            # candidate's save of the checked output is clocked against the timer's (slower_outside_calls), and work
+            # moved into it hides in its noise, which for a large output (a 64 MiB one: 30 ms a save, with bursts of
+            # hundreds of ms on both sides) could hold a whole 3 ms call (a red-team-style candidate zero-filled
+            # the next 1-call block's output there: `correct` at 2.7x). The faster of two saves: the first is cold.
+            save_s = min([(await self._timer_save(0))[0] for _ in range(2)])
+            min_sample_ms = max(min_sample_ms, SAVE_BLOCK_RATIO * save_s * 1e3)
         calls = max(1, min(self.max_block_calls, math.ceil(min_sample_ms / per_call_ms)))
         # The reference's pace, a call with its drawing, by the judge's clock.
         warmup_s = sum(b.drawn_s + b.clocked_s for b in reference)
@@ -1127,9 +1145,13 @@ class Judge:
                 blocks["reference"][-1].held_inputs_hash = await self._timers_inputs_hash(timer, check_call)
             if self._inputs_written(blocks["reference"][-1], blocks["candidate"][-1], index, check_call):
                 break
-            block = blocks["candidate"][-1]
-            sketch = block.sketches[check_call] if block.sketches is not None else None
-            if not await self._check(candidate, check_call, sketch, block.held_hash):
+            if self.gpu is None:
+                # The timer saves its own output of the checked call as the candidate will (_check), with the
+                # candidate held stopped since its digest: the step costs both sides the same, so that
+                # slower_outside_calls sees work moved into it.
+                reference = blocks["reference"][-1]
+                reference.save_s, reference.save_wall_s = await self._timer_save(check_call)
+            if not await self._check(candidate, check_call, blocks["candidate"][-1]):
                 self.run_state.flags.setdefault(
                     "stale_output",
                     f"the output of timed call {check_call} of block {index} was wrong (an answer cached or computed "
@@ -1137,6 +1159,14 @@ class Judge:
                 )
                 break
         return blocks
+
+    async def _timer_save(self, call: int) -> tuple[float, float]:
+        """The reference's timer saves its own output of `call` of its last block, as a candidate saves one for a
+        check (the runner's `save`): what that step costs on this machine, by the judge's clock and the wall clock."""
+        assert self.timer is not None
+        command = {"op": "save", "call": call, "check": self.checks, "max_leaves": self.reference.max_output_leaves}
+        _, clocked_s, wall_s = await self._command(self.timer, command, "saved", clocked=True)
+        return clocked_s, wall_s
 
     def _stale(self, reference: Block, candidate: Block, which: str) -> bool:
         """Whether the candidate's block digest cannot come from outputs within tolerance of the reference's on the
@@ -1244,8 +1274,11 @@ class Judge:
                 # once both sides' blocks are done: nothing it does before the candidate's turn depends on the check).
                 keep_inputs = self.gpu is None and worker is self.timer
                 command = {"op": "digest", "seed": digest_seed, "keep_inputs": keep_inputs}
+                # On a CPU the candidate stays stopped from its digest's reply to its next command (the check's save,
+                # or the next block's draw): see _check.
+                hold = self.gpu is None and worker is not self.timer
                 reply, block.digest_s, block.digest_wall_s = await self._command(
-                    worker, command, "digested", clocked=True
+                    worker, command, "digested", clocked=True, hold=hold
                 )
                 block.digest, block.inputs_digest = reply.get("digest"), reply.get("inputs_digest")
                 if worker is not self.timer:
@@ -1432,14 +1465,21 @@ class Judge:
         elif ran and not any(worker.killed_for for worker in workers):
             self.run_state.flags["result_tampering"] = f"the job ran while the judge held it stopped: {ran}"
 
-    async def _check(self, candidate: Worker, call: int, committed: str | None, held_hash: str | None) -> bool:
-        """Ask for one call's output of the last block and have the reference's timer compare it with its own output
-        of the same call (_timer_check). `committed`: the sketch of this call's output in the block's reply (GPU),
-        and `held_hash` the judge's hash of the bytes it read from the worker's memory after the block (CPU); an
-        output saved with another was not the one the timed call produced (filled in or computed again after the
-        block)."""
-        await self._release(candidate)
-        await self._save(candidate, call)
+    async def _check(self, candidate: Worker, call: int, block: Block) -> bool:
+        """Have the candidate save one call's output of its last `block` and the reference's timer compare it with
+        its own output of the same call (_timer_check). The save is held to the output the timed call produced: on a
+        GPU to its sketch in the block's reply, on a CPU to the judge's hash of the bytes it read from the worker's
+        memory after the block (block.held_hash); an output saved with another was filled in or computed again after
+        the block.
+
+        On a CPU the save is clocked, and the candidate held stopped from its digest's reply to its next block's draw
+        but for the save (_command's `hold`), as the timer saves its own output (_timed_blocks): the save and the
+        timer's check were time the judge did not see, and a red-team candidate zero-filled the next block's output
+        buffers there (a 16 MiB diag_embed output, then only its diagonal written in the timed calls), `correct` at
+        11.5-12.0x."""
+        committed = block.sketches[call] if block.sketches is not None else None
+        held_hash = block.held_hash
+        block.save_s, block.save_wall_s = await self._save(candidate, call, clocked=self.gpu is None)
         if committed is None and held_hash is None:
             # On a CPU the judge read nothing of this call's output from memory (_read_held: its process seemed
             # gone), yet the job answers: a save nothing holds to the timed call is not compared (a worker whose
@@ -1468,24 +1508,17 @@ class Judge:
             raise CandidateFailure
         return not found.get("reason")
 
-    async def _save(self, candidate: Worker, call: int) -> None:
+    async def _save(self, candidate: Worker, call: int, clocked: bool = False) -> tuple[float, float]:
         """Have the candidate save the output of `call` of its last block (or of its last correctness trial) as the
-        next check, `checks/<self.checks>/0.pt`."""
+        next check, `checks/<self.checks>/0.pt`; the save's time by the judge's clock and by the wall clock.
+        `clocked`: the save is clocked and the candidate held stopped after it (_command)."""
         self.checks += 1
-        nonce = secrets.token_hex(8)
-        await candidate.send(
-            {"op": "save", "call": call, "check": self.checks, "nonce": nonce,
-             "max_leaves": self.reference.max_output_leaves}
-        )  # fmt: skip
-        reply = await candidate.expect({"saved", "error"}, self.deadline)
-        if reply is None or reply["event"] == "error":
-            raise CandidateFailure
-        if reply.get("nonce") != nonce:
-            self.run_state.flags["result_tampering"] = "a save reply the judge did not ask for"
-            raise CandidateFailure
+        command = {"op": "save", "call": call, "check": self.checks, "max_leaves": self.reference.max_output_leaves}
+        reply, clocked_s, wall_s = await self._command(candidate, command, "saved", clocked=clocked, hold=clocked)
         self.run_state.replaced |= _names(reply.get("replaced"))
         handover = reply.get("handover")
-        self.saved = (nonce, handover if isinstance(handover, list) else None)
+        self.saved = (reply["nonce"], handover if isinstance(handover, list) else None)
+        return clocked_s, wall_s
 
     async def _timer_check(
         self, candidate: Worker, call: int, commit: bool = True, parts: dict[str, float] | None = None
@@ -1567,8 +1600,7 @@ class Judge:
         # The timer's output on the set is what the candidate's is checked against (_check).
         await self._block(self.timer, [], one_set=one_set)
         block = await self._block(candidate, [], one_set=one_set, check_call=0)
-        sketch = block.sketches[0] if block.sketches is not None else None
-        if not await self._check(candidate, 0, sketch, block.held_hash):
+        if not await self._check(candidate, 0, block):
             self.run_state.flags.setdefault("stale_output", "wrong answer on new inputs after timing")
 
     async def _profile(self, worker: Worker) -> list[str] | None:
@@ -1633,10 +1665,11 @@ def _memory_out_of_reach(error: OSError, access: str) -> EvaluatorFailure:
 
 
 def slower_outside_calls(reference: list[Block], candidate: list[Block], threads: int = 1) -> str:
-    """Which step around the timed calls (drawing the inputs, the digest, or those with the rest of the block) took
-    the candidate longer than the reference beyond chance (_slower_beyond_chance), by the judge's clock or by the wall
-    clock, or "". Both run the same code there, so more time is work moved out of the timed calls: answers computed
-    while the inputs were drawn, or only when the digest asked for them. On a CPU the judge's clock is CPU time
+    """Which step around the timed calls (drawing the inputs, the digest, on a CPU the save of the checked output, or
+    those with the rest of the block) took the candidate longer than the reference beyond chance
+    (_slower_beyond_chance), by the judge's clock or by the wall clock, or "". Both run the same code there, so more
+    time is work moved out of the timed calls: answers computed while the inputs were drawn, or only when the digest
+    asked for them, or the next block's outputs prepared in the save. On a CPU the judge's clock is CPU time
     (divided by the worker's torch `threads`), and a process that exits before the reply takes its CPU time with it;
     work done there still takes wall time (on a GPU the two clocks are one).
 
@@ -1660,7 +1693,11 @@ def slower_outside_calls(reference: list[Block], candidate: list[Block], threads
 
     judges_clock: list[tuple[str, Callable[[Block], float]]] = [
         ("the output digest", lambda b: b.digest_s),
-        ("the digest and the time after the calls together", lambda b: b.unexplained_s + b.digest_s),
+        ("the save of the checked output", lambda b: b.save_s),
+        (
+            "the digest, the save and the time after the calls together",
+            lambda b: b.unexplained_s + b.digest_s + b.save_s,
+        ),
     ]
     # Each step, then steps together: work moved into the draw in some blocks and into the digest, or past the end
     # of the timed calls (hides_work), in others, too few blocks of each to see alone (a red-team candidate split 16
@@ -1669,10 +1706,11 @@ def slower_outside_calls(reference: list[Block], candidate: list[Block], threads
     wall_clock: list[tuple[str, Callable[[Block], float]]] = [
         ("drawing the inputs (off the CPU)", draw_off_cpu),
         ("the output digest", lambda b: b.digest_wall_s),
+        ("the save of the checked output", lambda b: b.save_wall_s),
         ("drawing the inputs (off the CPU) and the digest together", lambda b: draw_off_cpu(b) + b.digest_wall_s),
         (
-            "all the time around the timed calls (drawing off the CPU, the block, the digest)",
-            lambda b: draw_off_cpu(b) + b.unexplained_wall_s + b.digest_wall_s,
+            "all the time around the timed calls (drawing off the CPU, the block, the digest, the save)",
+            lambda b: draw_off_cpu(b) + b.unexplained_wall_s + b.digest_wall_s + b.save_wall_s,
         ),
     ]
     for clock, steps, block_s in (
@@ -1710,6 +1748,8 @@ def _steps_breakdown(candidate: list[Block], reference: list[Block], draw_off_cp
         ("draw off the CPU", draw_off_cpu),
         ("digest, wall", lambda b: b.digest_wall_s),
         ("digest, judge's clock", lambda b: b.digest_s),
+        ("save, wall", lambda b: b.save_wall_s),
+        ("save, judge's clock", lambda b: b.save_s),
     ]
     return "; ".join(
         f"{name} {statistics.median(value(b) for b in candidate) * 1e3:.3f} / "

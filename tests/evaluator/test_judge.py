@@ -660,6 +660,64 @@ class ModelNew(torch.nn.Module):
         return out
 """
 
+# Zero-fills fresh output buffers while the judge checks a block (the save, the timer's check), from a thread that
+# watches the main thread's stack; the next block's calls then write only the diagonal into one. A red-team candidate of this kind scored `correct` at 11.5-12.0x while the save was off the clock and the
+# candidate ran free until its next block.
+SAVE_PREPARES_OUTPUTS = """
+import sys
+import threading
+import time
+import torch
+
+_READY = []
+_SHAPE = (16, 1024, 1024)
+_CALLS = [0, 0]  # calls since the last check; calls before it
+
+
+def _names(frame):
+    names = set()
+    while frame is not None:
+        names.add(frame.f_code.co_name)
+        frame = frame.f_back
+    return names
+
+
+def _prepare():
+    main, armed = threading.main_thread().ident, False
+    while True:
+        names = _names(sys._current_frames().get(main))
+        if "_save_for_check" in names and not armed:  # a block's check: the judge waits on it until the next draw
+            armed = True
+            _CALLS[:] = [0, _CALLS[0]]
+        elif names & {"draw_all", "forward", "block_digest"}:
+            armed = False
+        if armed and len(_READY) < _CALLS[1]:
+            _READY.append(torch.empty(_SHAPE).zero_())
+        else:
+            time.sleep(0.0005)
+
+
+threading.Thread(target=_prepare, daemon=True).start()
+
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        _CALLS[0] += 1
+        if _READY and tuple(x.shape) == _SHAPE[:2]:
+            out = _READY.pop()
+            out.diagonal(dim1=-2, dim2=-1).copy_(torch.relu(x) * self.scale)
+            return out
+        return torch.diag_embed(torch.relu(x) * self.scale)
+"""
+
+
+# DIAGONAL_REFERENCE with a 64 MiB output: its calls, not the work around them, take most of a block.
+LARGE_DIAGONAL_REFERENCE = DIAGONAL_REFERENCE.replace("torch.randn(16, 512)", "torch.randn(16, 1024)")
+
 
 # The reference each gamed candidate is scored against, where it is not the default one.
 REFERENCE_OF = {"returned_buffers_reused": DIAGONAL_REFERENCE}
@@ -689,6 +747,19 @@ def test_gamed_timing_or_outputs_never_score(
     result = evaluate(any_client, candidate, reference, timing_trials=20, timeout_s=240)
     assert result["status"] in verdicts, f"{name}: {result['status']} {result['flags']} {result['message'][-600:]}"
     assert result["speedup"] is None
+    assert_still_correct(any_client)
+
+
+def test_outputs_prepared_while_a_check_is_saved_buy_no_speed(any_client: httpx.Client) -> None:
+    """The save is clocked on both sides and the candidate held stopped from it to its next block: buffers it fills
+    there show in the save's time (`implausible_timing`), and less than the flag's slack buys less than the room a
+    report has anyway."""
+    result = evaluate(any_client, SAVE_PREPARES_OUTPUTS, LARGE_DIAGONAL_REFERENCE, timing_trials=20, timeout_s=240)
+    assert result["status"] in {"rejected", "correct"}, f"{result['status']} {result['message'][-600:]}"
+    if result["status"] == "correct":
+        assert result["speedup"] < 1.25, result
+    else:
+        assert "implausible_timing" in result["flags"], result
     assert_still_correct(any_client)
 
 
