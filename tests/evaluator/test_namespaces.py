@@ -439,9 +439,10 @@ def refused_start(prefix: list[str], isolation: str) -> str:
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 def test_without_ptrace_a_timed_cpu_evaluation_is_an_evaluator_error(tmp_path: Path) -> None:
     """Strict isolation with every capability but SYS_PTRACE (the compose file's set until a red-team pass): the
-    judge cannot read a job's memory, and the check that holds a CPU output to its timed call had been skipped (a
-    forgery of the checked output scored correct at 22x). The service says so at start, and makes no unbound check:
-    even an honest candidate ends evaluator_error, naming the capability."""
+    judge can neither read nor write a job's memory, and the check that holds a CPU output to its timed call had
+    been skipped (a forgery of the checked output scored correct at 22x). The service says so at start, and makes no
+    unbound check: even an honest candidate ends evaluator_error, naming the capability (at its first access: the
+    overwrite of its warm-up's outputs)."""
     log = tmp_path / "server.log"
     prefix = ["setpriv", "--bounding-set=-sys_ptrace", "--inh-caps=-all"]
     with (
@@ -451,7 +452,8 @@ def test_without_ptrace_a_timed_cpu_evaluation_is_an_evaluator_error(tmp_path: P
         assert client.get("/health").json()["details"]["isolation"] == "strict"
         result = evaluate_briefly(client, sources.CORRECT, timing_trials=5)
     assert result["status"] == "evaluator_error", result
-    assert "cannot read the worker's memory" in result["message"] and "CAP_SYS_PTRACE" in result["message"], result
+    assert re.search(r"cannot (read|write) the worker's memory", result["message"]), result
+    assert "CAP_SYS_PTRACE" in result["message"], result
     assert "timed evaluations on the CPU will end evaluator_error" in log.read_text()
 
 
