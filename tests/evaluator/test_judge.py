@@ -763,6 +763,38 @@ def test_outputs_prepared_while_a_check_is_saved_buy_no_speed(any_client: httpx.
     assert_still_correct(any_client)
 
 
+# Keeps one zero-filled output buffer and returns it from every call with only its diagonal written. The warm-up sees
+# the shared memory and turns copies on; from then on the judge overwrites the runner's copies, never this buffer,
+# whose zeros stay from the first call (a red team: `correct` at 1.59-2.22x in process isolation, honest 0.98-1.22x).
+ONE_KEPT_BUFFER = """
+import torch
+
+_KEPT = {}
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        shape = (*x.shape, x.shape[-1])
+        if shape not in _KEPT:
+            _KEPT[shape] = torch.zeros(shape, dtype=x.dtype)
+        out = _KEPT[shape]
+        out.diagonal(dim1=-2, dim2=-1).copy_(torch.relu(x) * self.scale)
+        return out
+"""
+
+
+@pytest.mark.xfail(
+    reason="open: one kept buffer is treated as a constant the candidate keeps (docs/evaluator.md, Not covered)",
+    strict=False,  # its gain is within the noise in some runs
+)
+def test_one_kept_buffer_returned_at_every_call_buys_no_speed(any_client: httpx.Client) -> None:
+    result = evaluate(any_client, ONE_KEPT_BUFFER, DIAGONAL_REFERENCE, timing_trials=20, timeout_s=240)
+    assert result["status"] != "correct" or result["speedup"] < 1.25, result
+
+
 # Returns a constant part of its output as one tensor it keeps, computed once: every call's output holds it.
 CONSTANT_PART_REFERENCE = """
 import torch
