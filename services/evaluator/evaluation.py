@@ -1160,11 +1160,16 @@ class Judge:
                 break
         return blocks
 
+    def _save_command(self, call: int) -> dict[str, Any]:
+        """The runner's `save` of `call`'s output of the last block as check number `self.checks`; the same command
+        for the candidate (_save) and the reference's timer (_timer_save), so that both saves do the same work."""
+        return {"op": "save", "call": call, "check": self.checks, "max_leaves": self.reference.max_output_leaves}
+
     async def _timer_save(self, call: int) -> tuple[float, float]:
         """The reference's timer saves its own output of `call` of its last block, as a candidate saves one for a
         check (the runner's `save`): what that step costs on this machine, by the judge's clock and the wall clock."""
         assert self.timer is not None
-        command = {"op": "save", "call": call, "check": self.checks, "max_leaves": self.reference.max_output_leaves}
+        command = self._save_command(call)
         _, clocked_s, wall_s = await self._command(self.timer, command, "saved", clocked=True)
         return clocked_s, wall_s
 
@@ -1513,7 +1518,7 @@ class Judge:
         next check, `checks/<self.checks>/0.pt`; the save's time by the judge's clock and by the wall clock.
         `clocked`: the save is clocked and the candidate held stopped after it (_command)."""
         self.checks += 1
-        command = {"op": "save", "call": call, "check": self.checks, "max_leaves": self.reference.max_output_leaves}
+        command = self._save_command(call)
         reply, clocked_s, wall_s = await self._command(candidate, command, "saved", clocked=clocked, hold=clocked)
         self.run_state.replaced |= _names(reply.get("replaced"))
         handover = reply.get("handover")
