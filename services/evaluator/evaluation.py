@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import torch
 from cachetools import LRUCache
@@ -66,6 +66,8 @@ from services.evaluator.verdict import (
 from shared.contracts import EvaluateRequest, EvaluationResult, EvaluationStatus
 
 log = logging.getLogger(__name__)
+# What _read_held found in a worker's memory.
+_Found = TypeVar("_Found")
 
 # Reference outputs larger than this are not kept in memory between requests.
 MAX_CACHED_REFERENCE_BYTES = 256 << 20
@@ -106,9 +108,6 @@ MAX_BLOCK_S = 0.25
 # blocks leave the clock too little resolution, and each round of longer blocks that follows costs a round.
 MIN_SAMPLE_MS_CPU = 5.0
 MIN_SAMPLE_MS_GPU = 20.0
-# On a CPU, how many times the reference timer's save of one output a timed block of the reference lasts at least
-# (where the block's memory allows: max_block_calls).
-SAVE_BLOCK_RATIO = 4.0
 # Fewest timed blocks (samples) a round has where `timing_trials` allows. A candidate that moves its work out of the
 # timed calls in just over half of its blocks sets the median, and so its speedup: at 20 blocks a side the rank test
 # of all pairs cannot see that half (z of 2.96 for 11 of 20), the test of the slowest blocks can (_slower_beyond_chance).
@@ -434,9 +433,10 @@ class Block:
     digest: Any = None
     # The reported digest of the inputs the calls were handed, as the calls left them (under the same seed).
     inputs_digest: Any = None
-    # The judge's own hash of the output it will check, read from the stopped worker's memory (CPU: held_memory),
-    # and of that call's inputs as the calls left them.
-    held_hash: str | None = None
+    # The judge's own copy of the output it will check, read from the stopped worker's memory into the reference
+    # timer's `inputs` (CPU: held_memory): the check's number, and how to read it (_copy_held_output). The judge's
+    # hash of that call's inputs as the calls left them.
+    held_output: dict[str, Any] | None = None
     held_inputs_hash: str | None = None
     drawn_s: float = 0.0
     digest_s: float = 0.0
@@ -444,10 +444,6 @@ class Block:
     # the reply takes with it (helpers that compute the block's answers while the inputs are drawn).
     drawn_wall_s: float = 0.0
     digest_wall_s: float = 0.0
-    # The save of the checked call's output after the block (CPU; the reference's timer saves its own as the
-    # candidate does, so that both sides' saves are clocked alike): see Judge._check.
-    save_s: float = 0.0
-    save_wall_s: float = 0.0
     # The worker's word that a call's output shares memory a later call of the block writes again: either side's
     # turns on the copy of every output as its call returns (Judge.copy_outputs), which only costs both sides alike.
     aliased: bool = False
@@ -580,7 +576,7 @@ class Judge:
                 await self._correctness(candidate, job_sent_at)
                 if self._should_time():
                     await self._time_against_reference(candidate)
-                await self._release(candidate)  # held since its last reply (a check's save): it exits now
+                await self._release(candidate)  # held since its last reply (a block's digest): it exits now
                 await candidate.send({"op": "exit"})
                 done = await candidate.expect({"done"}, self.deadline)
                 if done is not None:
@@ -1034,14 +1030,6 @@ class Judge:
         min_sample_ms = self.settings.min_sample_ms or (
             MIN_SAMPLE_MS_GPU if self.gpu is not None else MIN_SAMPLE_MS_CPU
         )
-        if self.gpu is None:
-            # On a CPU a block lasts SAVE_BLOCK_RATIO times the save of one output at least, where memory allows: the
-            # candidate's save of the checked output is clocked against the timer's (slower_outside_calls), and work
-            # moved into it hides in its noise, which for a large output (a 64 MiB one: 30 ms a save, with bursts of
-            # hundreds of ms on both sides) could hold a whole 3 ms call (a red-team-style candidate zero-filled
-            # the next 1-call block's output there: `correct` at 2.7x). The faster of two saves: the first is cold.
-            save_s = min([(await self._timer_save(0))[0] for _ in range(2)])
-            min_sample_ms = max(min_sample_ms, SAVE_BLOCK_RATIO * save_s * 1e3)
         calls = max(1, min(self.max_block_calls, math.ceil(min_sample_ms / per_call_ms)))
         # The reference's pace, a call with its drawing, by the judge's clock.
         warmup_s = sum(b.drawn_s + b.clocked_s for b in reference)
@@ -1145,12 +1133,6 @@ class Judge:
                 blocks["reference"][-1].held_inputs_hash = await self._timers_inputs_hash(timer, check_call)
             if self._inputs_written(blocks["reference"][-1], blocks["candidate"][-1], index, check_call):
                 break
-            if self.gpu is None:
-                # The timer saves its own output of the checked call as the candidate will (_check), with the
-                # candidate held stopped since its digest: the step costs both sides the same, so that
-                # slower_outside_calls sees work moved into it.
-                reference = blocks["reference"][-1]
-                reference.save_s, reference.save_wall_s = await self._timer_save(check_call)
             if not await self._check(candidate, check_call, blocks["candidate"][-1]):
                 self.run_state.flags.setdefault(
                     "stale_output",
@@ -1159,19 +1141,6 @@ class Judge:
                 )
                 break
         return blocks
-
-    def _save_command(self, call: int) -> dict[str, Any]:
-        """The runner's `save` of `call`'s output of the last block as check number `self.checks`; the same command
-        for the candidate (_save) and the reference's timer (_timer_save), so that both saves do the same work."""
-        return {"op": "save", "call": call, "check": self.checks, "max_leaves": self.reference.max_output_leaves}
-
-    async def _timer_save(self, call: int) -> tuple[float, float]:
-        """The reference's timer saves its own output of `call` of its last block, as a candidate saves one for a
-        check (the runner's `save`): what that step costs on this machine, by the judge's clock and the wall clock."""
-        assert self.timer is not None
-        command = self._save_command(call)
-        _, clocked_s, wall_s = await self._command(self.timer, command, "saved", clocked=True)
-        return clocked_s, wall_s
 
     def _stale(self, reference: Block, candidate: Block, which: str) -> bool:
         """Whether the candidate's block digest cannot come from outputs within tolerance of the reference's on the
@@ -1269,18 +1238,19 @@ class Judge:
                 raise _OutputsReused
             reply_regions = reply.get("regions")
             if check_call is not None and self.gpu is None:
-                block.held_hash = await self._read_held(worker, reply_regions, calls, check_call)
+                block.held_output = await self._copy_held_output(
+                    worker, reply_regions, reply.get("strides"), calls, check_call
+                )
                 if one_set is None:
                     block.held_inputs_hash = await self._read_held(
-                        worker, reply.get("input_regions"), calls, check_call, inputs=True
+                        worker, reply.get("input_regions"), calls, check_call, "inputs", held_memory.read_hash
                     )
             if digest_seed is not None:
                 # On a CPU the timer keeps the block's inputs (to the next draw, or _timers_inputs_hash, asked only
                 # once both sides' blocks are done: nothing it does before the candidate's turn depends on the check).
                 keep_inputs = self.gpu is None and worker is self.timer
                 command = {"op": "digest", "seed": digest_seed, "keep_inputs": keep_inputs}
-                # On a CPU the candidate stays stopped from its digest's reply to its next command (the check's save,
-                # or the next block's draw): see _check.
+                # On a CPU the candidate stays stopped from its digest's reply to its next block's draw: see _check.
                 hold = self.gpu is None and worker is not self.timer
                 reply, block.digest_s, block.digest_wall_s = await self._command(
                     worker, command, "digested", clocked=True, hold=hold
@@ -1311,22 +1281,27 @@ class Judge:
             self._timer_lost("its reply carried no hash of a call's inputs")
         return held
 
-    async def _read_held(self, worker: Worker, regions: Any, calls: int, call: int, inputs: bool = False) -> str | None:
-        """The hash of one call's output (or `inputs`) read from the stopped candidate worker's memory where its reply
-        put it (None where the job's processes are gone). A job that made itself undumpable, or put its output where
-        nothing can be read, is result_tampering; a service that may not read the memory is evaluator_error (an
-        unbound check would let a forged output through)."""
-        what = "inputs" if inputs else "output"
+    async def _read_held(
+        self,
+        worker: Worker,
+        regions: Any,
+        calls: int,
+        call: int,
+        what: str,
+        read: Callable[[int, Any, int, bool], _Found],
+    ) -> _Found | None:
+        """`read(pid, regions of call, max_bytes, readable)` of one call's output or inputs (`what`) in the stopped
+        candidate worker's memory where its reply put them (None where the job's processes are gone). A job that made
+        itself undumpable, or put them where nothing can be read, is result_tampering; a service that may not read
+        the memory is evaluator_error (an unbound check would let a forged output through)."""
         if not held_memory.valid_regions(regions, calls):
             self.run_state.flags["result_tampering"] = f"a timing reply without the place of each call's {what}"
             raise CandidateFailure
-        largest = max(map(_nbytes, self.reference.inputs)) if inputs else _nbytes(self.reference.expected[0])
+        largest = max(map(_nbytes, self.reference.inputs)) if what == "inputs" else _nbytes(self.reference.expected[0])
         max_bytes = 2 * largest + 4096
         try:
             pid = held_memory.worker_pid(worker.proc.pid, strict=worker.uid is not None)
-            held_hash = await asyncio.to_thread(
-                held_memory.read_hash, pid, regions[call], max_bytes, self.pool.memory_readable
-            )
+            found = await asyncio.to_thread(read, pid, regions[call], max_bytes, self.pool.memory_readable)
             aliased = await asyncio.to_thread(held_memory.aliased_pages, pid)
         except held_memory.UnreadableMemory as error:
             self.run_state.flags["result_tampering"] = f"the {what} of timed call {call} could not be read: {error}"
@@ -1344,7 +1319,50 @@ class Judge:
                 f"the worker mapped the same shared pages writable at more than one address: {aliased[0][:300]}"
             )
             raise CandidateFailure
-        return held_hash
+        return found
+
+    async def _copy_held_output(
+        self, worker: Worker, regions: Any, strides: Any, calls: int, call: int
+    ) -> dict[str, Any] | None:
+        """Copy the output of `call` from the stopped candidate worker's memory into the reference timer's `inputs`
+        as the next check's (_copy_to_timer), before anything of the job runs again: what the timer then compares
+        (_check) is what the timed call left there, and nothing of the candidate runs for the check. Before, the
+        candidate saved the output itself, held to a hash the judge read; the save ran on the candidate's time, and a
+        red-team-style candidate prepared the next block's outputs meanwhile (a 64 MiB diag_embed zero-filled, its
+        diagonal then written in the timed calls: `correct` at 7.4x, and at 2.3x on CI's machine once the save was
+        clocked against the timer's). How to read the copy (the check's number, each tensor's size and strides), or
+        None where the job's processes are gone."""
+        if not (
+            held_memory.valid_regions(regions, calls)
+            and isinstance(strides, list)
+            and len(strides) == calls
+            and isinstance(strides[call], list)
+            and len(strides[call]) == len(regions[call])
+            and all(isinstance(s, list) and all(type(n) is int for n in s) for s in strides[call])
+        ):
+            self.run_state.flags["result_tampering"] = "a timing reply without the place and layout of each output"
+            raise CandidateFailure
+        assert self.timer is not None
+        self.checks += 1
+        timer, check = self.timer, self.checks
+
+        def copy(pid: int, call_regions: list[list[int]], max_bytes: int, readable: bool) -> bool:
+            _copy_to_timer(
+                timer,
+                check,
+                max_bytes,
+                lambda write: held_memory.copy_out(pid, call_regions, max_bytes, readable, write),
+            )
+            return True
+
+        try:
+            copied = await self._read_held(worker, regions, calls, call, "output", copy)
+        except _SavedOutputRefusedError as error:  # only a full disk (_copy_to_timer)
+            self.run_state.flags["stale_output"] = f"the output of timed call {call} could not be checked: {error}"
+            raise CandidateFailure from error
+        if copied is None:
+            return None
+        return {"check": check, "sizes": [size for _, size in regions[call]], "strides": strides[call]}
 
     async def _poison_outputs(self, worker: Worker, regions: list[list[list[int]]]) -> None:
         """Overwrite the candidate's outputs of its last digested block in its memory (held_memory.poison), the
@@ -1471,76 +1489,77 @@ class Judge:
             self.run_state.flags["result_tampering"] = f"the job ran while the judge held it stopped: {ran}"
 
     async def _check(self, candidate: Worker, call: int, block: Block) -> bool:
-        """Have the candidate save one call's output of its last `block` and the reference's timer compare it with
-        its own output of the same call (_timer_check). The save is held to the output the timed call produced: on a
-        GPU to its sketch in the block's reply, on a CPU to the judge's hash of the bytes it read from the worker's
-        memory after the block (block.held_hash); an output saved with another was filled in or computed again after
-        the block.
-
-        On a CPU the save is clocked, and the candidate held stopped from its digest's reply to its next block's draw
-        but for the save (_command's `hold`), as the timer saves its own output (_timed_blocks): the save and the
-        timer's check were time the judge did not see, and a red-team candidate zero-filled the next block's output
-        buffers there (a 16 MiB diag_embed output, then only its diagonal written in the timed calls), `correct` at
-        11.5-12.0x."""
-        committed = block.sketches[call] if block.sketches is not None else None
-        held_hash = block.held_hash
-        block.save_s, block.save_wall_s = await self._save(candidate, call, clocked=self.gpu is None)
-        if committed is None and held_hash is None:
-            # On a CPU the judge read nothing of this call's output from memory (_read_held: its process seemed
-            # gone), yet the job answers: a save nothing holds to the timed call is not compared (a worker whose
-            # main thread had exited, its others serving the judge, scored correct at 11-15x with a forgery).
-            self.run_state.flags["result_tampering"] = (
-                f"the output of timed call {call} could not be read from the worker's memory after the block, yet "
-                "the job answered the check"
-            )
-            raise CandidateFailure
-        try:
-            found = await self._timer_check(candidate, call)
-        except _SavedOutputRefusedError as error:
-            if error.disk_full:
-                self.run_state.flags["stale_output"] = (
-                    f"the output of timed call {call} could not be checked: {DISK_FULL}"
+        """Have the reference's timer compare the candidate's output of one call of its last `block` with its own
+        output of the same call (_timer_check). On a CPU the output is the judge's copy of the bytes the timed call
+        left in the worker's memory (_copy_held_output), and the candidate stays stopped from its digest's reply to
+        its next block: nothing it does runs while its block is checked. On a GPU the candidate saves the output, held
+        to the sketch its block's reply committed to: one saved with another was filled in or computed again after
+        the block."""
+        if self.gpu is None:
+            if block.held_output is None:
+                # The judge copied nothing of this call's output from memory (_read_held: its process seemed gone),
+                # yet the job answers: nothing holds a check to the timed call (a worker whose main thread had
+                # exited, its others serving the judge, scored correct at 11-15x with a forged save).
+                self.run_state.flags["result_tampering"] = (
+                    f"the output of timed call {call} could not be read from the worker's memory after the block, yet "
+                    "the job went on answering"
                 )
-            return False
-        if found.get("commitment") != (committed if committed is not None else held_hash):
-            self.run_state.flags["result_tampering"] = (
-                f"the output saved for the check of call {call} is not the one its timed call produced (not the "
-                "sketch the block's reply committed to, or on a CPU not the bytes the judge read from memory after "
-                "the block: filled in or computed again after it)"
-            )
-            raise CandidateFailure
+                raise CandidateFailure
+            found = await self._timer_check(candidate, call, copied=block.held_output)
+        else:
+            assert block.sketches is not None
+            await self._save(candidate, call)
+            try:
+                found = await self._timer_check(candidate, call)
+            except _SavedOutputRefusedError as error:
+                if error.disk_full:
+                    self.run_state.flags["stale_output"] = (
+                        f"the output of timed call {call} could not be checked: {DISK_FULL}"
+                    )
+                return False
+            if found.get("commitment") != block.sketches[call]:
+                self.run_state.flags["result_tampering"] = (
+                    f"the output saved for the check of call {call} is not the one its timed call produced (not the "
+                    "sketch the block's reply committed to: filled in or computed again after it)"
+                )
+                raise CandidateFailure
         if found.get("timed_out"):
             raise CandidateFailure
         return not found.get("reason")
 
-    async def _save(self, candidate: Worker, call: int, clocked: bool = False) -> tuple[float, float]:
+    async def _save(self, candidate: Worker, call: int) -> None:
         """Have the candidate save the output of `call` of its last block (or of its last correctness trial) as the
-        next check, `checks/<self.checks>/0.pt`; the save's time by the judge's clock and by the wall clock.
-        `clocked`: the save is clocked and the candidate held stopped after it (_command)."""
+        next check, `checks/<self.checks>/0.pt`."""
         self.checks += 1
-        command = self._save_command(call)
-        reply, clocked_s, wall_s = await self._command(candidate, command, "saved", clocked=clocked, hold=clocked)
+        command = {"op": "save", "call": call, "check": self.checks, "max_leaves": self.reference.max_output_leaves}
+        reply, _, _ = await self._command(candidate, command, "saved")
         self.run_state.replaced |= _names(reply.get("replaced"))
         handover = reply.get("handover")
         self.saved = (reply["nonce"], handover if isinstance(handover, list) else None)
-        return clocked_s, wall_s
 
     async def _timer_check(
-        self, candidate: Worker, call: int, commit: bool = True, parts: dict[str, float] | None = None
+        self,
+        candidate: Worker,
+        call: int,
+        commit: bool = True,
+        parts: dict[str, float] | None = None,
+        copied: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The reference's timer's check (runner.check_saved_output: on its device, where its own output is) of the
-        output the candidate saved last (_save) against the timer's output of `call`: the reason it is wrong, the
-        largest errors, whether the check ran out of time, and (`commit`) the commitment of the bytes compared.
-        _SavedOutputRefusedError where the saved file is not a single regular file of the job's within the size of
-        an output, or could not be copied. `parts`: where the seconds of the copy and of the check are added."""
+        candidate's output against the timer's output of `call`: the output the candidate saved last (_save), or the
+        judge's `copied` one (_copy_held_output). The reason it is wrong, the largest errors, whether the check ran
+        out of time, and (`commit`, GPU) the sketch of the output compared. _SavedOutputRefusedError where the saved
+        file is not a single regular file of the job's within the size of an output, or could not be copied.
+        `parts`: where the seconds of the copy and of the check are added."""
         assert self.timer is not None
         started = time.monotonic()
-        nonce, described = self.saved
+        # The judge's copy is in the timer's `inputs` already.
+        nonce, described = self.saved if copied is None else ("", None)
         try:
             if described is not None:
                 # Handed over in device memory: the descriptors go on to the timer, which copies what they map.
                 await asyncio.to_thread(_pass_handover, candidate, self.timer, self.checks, nonce, described)
-            else:
+            elif copied is None:
                 # The saved file goes to the timer as a copy in a directory only the service writes: the job owns
                 # its `checks` directory and could change its file while the timer reads it.
                 await asyncio.to_thread(_hand_over_check, candidate, self.timer, self.checks, self.check_file_limit)
@@ -1553,23 +1572,26 @@ class Judge:
             # disk, to have the copy fail and get evaluator_error).
             log.log(logging.WARNING if disk_full else logging.INFO, "check %d: refused: %s", self.checks, error)
             raise _SavedOutputRefusedError(DISK_FULL if disk_full else str(error), disk_full) from error
+        check = copied["check"] if copied is not None else self.checks
         command = {
-            "op": "check", "call": call, "check": self.checks, "atol": self.request.atol, "rtol": self.request.rtol,
+            "op": "check", "call": call, "check": check, "atol": self.request.atol, "rtol": self.request.rtol,
             "seconds": max(0.0, self.deadline - time.monotonic()), "commit": commit, "handover": described is not None,
+            "copied": copied,
         }  # fmt: skip
-        copied = time.monotonic()
+        copy_done = time.monotonic()
         try:
             found, _, _ = await self._command(self.timer, command, "checked")
         finally:
             try:
                 if described is None:
-                    await asyncio.to_thread(_remove_check, self.timer, self.checks)
+                    name = f"check_{check}.raw" if copied is not None else f"check_{check}.pt"
+                    await asyncio.to_thread(_remove_check, self.timer, name)
             except OSError as error:
                 self._timer_lost(f"the reference timer's inputs directory was changed ({error})")
         if parts is not None:
             copy = "compare_handover" if described is not None else "compare_copy"
-            parts[copy] = parts.get(copy, 0.0) + copied - started
-            parts["compare_check"] = parts.get("compare_check", 0.0) + time.monotonic() - copied
+            parts[copy] = parts.get(copy, 0.0) + copy_done - started
+            parts["compare_check"] = parts.get("compare_check", 0.0) + time.monotonic() - copy_done
         return found
 
     async def _recheck(self, candidate: Worker) -> None:
@@ -1670,11 +1692,10 @@ def _memory_out_of_reach(error: OSError, access: str) -> EvaluatorFailure:
 
 
 def slower_outside_calls(reference: list[Block], candidate: list[Block], threads: int = 1) -> str:
-    """Which step around the timed calls (drawing the inputs, the digest, on a CPU the save of the checked output, or
-    those with the rest of the block) took the candidate longer than the reference beyond chance
-    (_slower_beyond_chance), by the judge's clock or by the wall clock, or "". Both run the same code there, so more
-    time is work moved out of the timed calls: answers computed while the inputs were drawn, or only when the digest
-    asked for them, or the next block's outputs prepared in the save. On a CPU the judge's clock is CPU time
+    """Which step around the timed calls (drawing the inputs, the digest, or those with the rest of the block) took
+    the candidate longer than the reference beyond chance (_slower_beyond_chance), by the judge's clock or by the wall
+    clock, or "". Both run the same code there, so more time is work moved out of the timed calls: answers computed
+    while the inputs were drawn, or only when the digest asked for them. On a CPU the judge's clock is CPU time
     (divided by the worker's torch `threads`), and a process that exits before the reply takes its CPU time with it;
     work done there still takes wall time (on a GPU the two clocks are one).
 
@@ -1698,11 +1719,7 @@ def slower_outside_calls(reference: list[Block], candidate: list[Block], threads
 
     judges_clock: list[tuple[str, Callable[[Block], float]]] = [
         ("the output digest", lambda b: b.digest_s),
-        ("the save of the checked output", lambda b: b.save_s),
-        (
-            "the digest, the save and the time after the calls together",
-            lambda b: b.unexplained_s + b.digest_s + b.save_s,
-        ),
+        ("the digest and the time after the calls together", lambda b: b.unexplained_s + b.digest_s),
     ]
     # Each step, then steps together: work moved into the draw in some blocks and into the digest, or past the end
     # of the timed calls (hides_work), in others, too few blocks of each to see alone (a red-team candidate split 16
@@ -1711,11 +1728,10 @@ def slower_outside_calls(reference: list[Block], candidate: list[Block], threads
     wall_clock: list[tuple[str, Callable[[Block], float]]] = [
         ("drawing the inputs (off the CPU)", draw_off_cpu),
         ("the output digest", lambda b: b.digest_wall_s),
-        ("the save of the checked output", lambda b: b.save_wall_s),
         ("drawing the inputs (off the CPU) and the digest together", lambda b: draw_off_cpu(b) + b.digest_wall_s),
         (
-            "all the time around the timed calls (drawing off the CPU, the block, the digest, the save)",
-            lambda b: draw_off_cpu(b) + b.unexplained_wall_s + b.digest_wall_s + b.save_wall_s,
+            "all the time around the timed calls (drawing off the CPU, the block, the digest)",
+            lambda b: draw_off_cpu(b) + b.unexplained_wall_s + b.digest_wall_s,
         ),
     ]
     for clock, steps, block_s in (
@@ -1753,8 +1769,6 @@ def _steps_breakdown(candidate: list[Block], reference: list[Block], draw_off_cp
         ("draw off the CPU", draw_off_cpu),
         ("digest, wall", lambda b: b.digest_wall_s),
         ("digest, judge's clock", lambda b: b.digest_s),
-        ("save, wall", lambda b: b.save_wall_s),
-        ("save, judge's clock", lambda b: b.save_s),
     ]
     return "; ".join(
         f"{name} {statistics.median(value(b) for b in candidate) * 1e3:.3f} / "
@@ -2050,11 +2064,67 @@ def _pass_handover(candidate: Worker, timer: Worker, check: int, nonce: str, des
         device_handover.close_all(fds)
 
 
-def _remove_check(timer: Worker, check: int) -> None:
-    """Remove a check's copy (_hand_over_check) once the timer has compared it: a long timing run makes many."""
+def _copy_to_timer(timer: Worker, check: int, limit: int, copy: Callable[[Callable[[bytes], object]], None]) -> None:
+    """Have `copy` write the judge's copy of a checked output (through the write function it is given, within
+    `limit` bytes) into the timer's `inputs` as `check_<check>.raw` (_writable_inputs), read-only once written.
+    _SavedOutputRefusedError where the disk is full (the candidate's doing, as in _timer_check: it sets the size);
+    EvaluatorFailure where the copy failed otherwise on the service's side. A failed read (held_memory's
+    UnreadableMemory, or an OSError where the job's processes are gone) is raised as it is, the partial copy
+    removed."""
+    timer.charge_service_write(limit)
+    name = f"check_{check}.raw"
+    try:
+        with _writable_inputs(timer) as directory:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                target = os.open(name, flags, 0o600, dir_fd=directory)
+            except OSError as error:
+                raise _CopyWriteError(error) from error
+            try:
+                with open(target, "wb") as destination:
+
+                    def write(chunk: bytes) -> None:
+                        try:
+                            destination.write(chunk)
+                        except OSError as error:
+                            raise _CopyWriteError(error) from error
+
+                    copy(write)
+                    try:
+                        destination.flush()
+                        os.fchmod(target, 0o444)
+                    except OSError as error:
+                        raise _CopyWriteError(error) from error
+                    timer.charge_service_write(os.fstat(target).st_size)
+            except BaseException:
+                os.unlink(name, dir_fd=directory)
+                raise
+    except _ForeignInputsError as error:
+        raise EvaluatorFailure(f"the reference timer's {error}") from error
+    except _CopyWriteError as failure:
+        if failure.error.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise _SavedOutputRefusedError(DISK_FULL, disk_full=True) from failure.error
+        raise EvaluatorFailure(
+            f"a checked output could not be copied to the reference timer: {failure.error}"
+        ) from None
+    finally:
+        timer.release_service_write(limit)
+
+
+class _CopyWriteError(Exception):
+    """A write of the judge's copy into the timer's `inputs` failed: the service's side, unlike the read before it."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _remove_check(timer: Worker, name: str) -> None:
+    """Remove a check's copy (_hand_over_check, _copy_to_timer) once the timer has compared it: a long timing run
+    makes many."""
     # Its charge (MemoryWatch) stays: the timer maps the copy, whose pages outlive the name while a mapping does.
     with _writable_inputs(timer) as directory, contextlib.suppress(FileNotFoundError):
-        os.unlink(f"check_{check}.pt", dir_fd=directory)
+        os.unlink(name, dir_fd=directory)
 
 
 def _job_cpu_clocks(worker: Worker) -> dict[int, float]:

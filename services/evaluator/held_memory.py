@@ -1,12 +1,14 @@
 """The judge's own record of a CPU output, read from the worker's memory while its job is stopped.
 
 A block's reply says where each call's output tensors lie in the worker's memory (address and size: `regions`).
-For the call it will check, the judge reads those bytes itself through /proc/<pid>/mem before the job runs again,
-and keeps their BLAKE2b hash. The output the worker later saves for the check must hash the same: it must be,
-byte for byte, what the timed call left in memory when the block ended. Nothing the candidate's process says or
-computes enters that hash (a false address only commits it to the bytes that are there), so unlike the sketch
-(output_digest), which that process computes and which a tolerance-sized rewrite can match, it binds every
-element. CPU only: a GPU output is not in the process's memory (its sketch stays the commitment there).
+For the call it will check, the judge copies those bytes itself through /proc/<pid>/mem before the job runs again,
+into the reference timer's `inputs`, where the timer compares them (copy_out): the check is of what the timed call
+left in memory when the block ended, byte for byte, and nothing of the candidate runs for it. Nothing the
+candidate's process says or computes enters that copy but where it lies and how it is laid out (a false address
+only checks the bytes that are there), so unlike the sketch (output_digest), which that process computes and which
+a tolerance-sized rewrite can match, it binds every element. The inputs of the same call are hashed (read_hash)
+against the timer's hash of its own. CPU only: a GPU output is not in the process's memory (its sketch is the
+commitment there, and the candidate saves it).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import hashlib
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -101,9 +104,28 @@ def memory_unreadable_reason(uid: int | None) -> str:
 def read_hash(pid: int, regions: list[list[int]], max_bytes: int, readable: bool) -> str:
     """BLAKE2b of the tensors at `regions` in a stopped process's memory, each preceded by its size. `readable`:
     this service read a worker's memory at start-up (memory_unreadable_reason), so a refusal now is the job's."""
+    digest = hashlib.blake2b()
+    for size, chunks in _read(pid, regions, max_bytes, readable):
+        digest.update(size.to_bytes(8, "little"))
+        for chunk in chunks:
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def copy_out(
+    pid: int, regions: list[list[int]], max_bytes: int, readable: bool, write: Callable[[bytes], object]
+) -> None:
+    """`write` the tensors at `regions` in a stopped process's memory, a chunk at a time, one after another, as they
+    lie there (`readable` as read_hash's): the judge's own copy of a checked output, which the job never touches."""
+    for _, chunks in _read(pid, regions, max_bytes, readable):
+        for chunk in chunks:
+            write(chunk)
+
+
+def _read(pid: int, regions: list[list[int]], max_bytes: int, readable: bool) -> Iterator[tuple[int, Iterator[bytes]]]:
+    """Each region's size and its bytes, a chunk at a time, from a stopped process's memory."""
     if sum(size for _, size in regions) > max_bytes:
         raise UnreadableMemory(f"the output is said to be larger than {max_bytes} bytes")
-    digest = hashlib.blake2b()
     try:
         memory = open(f"/proc/{pid}/mem", "rb", buffering=0)  # noqa: SIM115 - closed by the with below
     except PermissionError:
@@ -114,18 +136,20 @@ def read_hash(pid: int, regions: list[list[int]], max_bytes: int, readable: bool
         raise
     with memory:
         for address, size in regions:
-            digest.update(size.to_bytes(8, "little"))
-            done = 0
-            while done < size:
-                try:
-                    chunk = os.pread(memory.fileno(), min(READ_CHUNK, size - done), address + done)
-                except (OSError, OverflowError, ValueError) as error:
-                    raise UnreadableMemory(f"no output at the address the reply gave: {error}") from error
-                if not chunk:
-                    raise UnreadableMemory("no output at the address the reply gave")
-                digest.update(chunk)
-                done += len(chunk)
-    return digest.hexdigest()
+            yield size, _chunks(memory.fileno(), address, size)
+
+
+def _chunks(memory: int, address: int, size: int) -> Iterator[bytes]:
+    done = 0
+    while done < size:
+        try:
+            chunk = os.pread(memory, min(READ_CHUNK, size - done), address + done)
+        except (OSError, OverflowError, ValueError) as error:
+            raise UnreadableMemory(f"no output at the address the reply gave: {error}") from error
+        if not chunk:
+            raise UnreadableMemory("no output at the address the reply gave")
+        yield chunk
+        done += len(chunk)
 
 
 def poison(pid: int, regions: list[list[int]], max_bytes: int, readable: bool) -> None:
@@ -228,8 +252,9 @@ def in_memory_order(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def saved_hash(output: Any) -> str:
-    """The hash `read_hash` finds for an output as the worker saved it (tensors, or a list of them: a copy keeps a
-    dense tensor's strides, so its memory order is the worker's)."""
+    """The hash `read_hash` finds for tensors (or a list of them) where they lie: the reference timer's own hash of
+    a call's inputs, against the candidate's read from its memory (a copy keeps a dense tensor's strides, so its
+    memory order is the worker's)."""
     tensors = list(output) if isinstance(output, list | tuple) else [output]
     digest = hashlib.blake2b()
     for tensor in tensors:

@@ -683,7 +683,7 @@ def serve_timing(
                         times, outputs = _time_drawn(backend, model, inputs, copy=command.get("copy") is True)
                     # The runner's own steps after the calls, with torch's Python hooks off: a red-team candidate's
                     # mode did the work it had deferred past its calls in the first of them to touch a tensor.
-                    aliased, outputs, sketches, regions = _without_candidate_hooks(
+                    aliased, outputs, sketches, regions, strides = _without_candidate_hooks(
                         functools.partial(_after_the_calls, backend, outputs)
                     )
                     # Where each call's inputs lie (CPU): the judge reads one call's after the block, as the outputs.
@@ -701,6 +701,7 @@ def serve_timing(
                 ms=times,
                 sketches=sketches,
                 regions=regions,
+                strides=strides,
                 input_regions=input_regions,
                 aliased=aliased,
             )
@@ -757,16 +758,16 @@ def serve_timing(
 
 def _after_the_calls(
     backend: KernelBackend, outputs: list[Any]
-) -> tuple[bool, list[Any], list[str] | None, list[list[list[int]]] | None]:
+) -> tuple[bool, list[Any], list[str] | None, list[list[list[int]]] | None, list[list[list[int]]] | None]:
     """Whether the block's outputs share memory a later call writes (_reused_by_later_calls), the outputs, and on a
-    GPU their sketches, on a CPU where they lie. On a CPU the judge reads the checked output from this process's
-    memory itself (held_memory): the sketch, which costs both sides' blocks time on the clock, is needed only on a
-    GPU."""
+    GPU their sketches, on a CPU where they lie and how (each tensor's strides). On a CPU the judge copies the
+    checked output from this process's memory itself (held_memory): the sketch, which costs both sides' blocks time
+    on the clock, is needed only on a GPU."""
     aliased = _reused_by_later_calls(outputs)
     if backend.name == "cpu":
         outputs = [_as_laid_out(output_digest.plain(out)) for out in outputs]
-        return aliased, outputs, None, [_regions(out) for out in outputs]
-    return aliased, outputs, output_digest.block_sketches(outputs), None
+        return aliased, outputs, None, [_regions(out) for out in outputs], [_strides(out) for out in outputs]
+    return aliased, outputs, output_digest.block_sketches(outputs), None, None
 
 
 def _time_drawn(
@@ -949,20 +950,23 @@ def _time_one_set(
 
 def check_saved_output(context: WorkerContext, expected: Any, command: dict[str, Any]) -> dict[str, Any]:
     """The judge's full check of one timed call, made in the reference's timer, which no candidate can reach: the
-    output the candidate saved for the call (a copy the service made in this worker's `inputs`, which no job can
-    change) against `expected`, this worker's own output of the call, on its device (no output leaves the GPU on
-    this side, and the candidate's is moved to it a chunk at a time). With the reason it is wrong ("" if right)
-    come the commitment of the bytes compared, for the service to hold to the one the candidate's block reply made
-    (on a GPU the sketch, on a CPU the hash of what the judge read from the candidate's memory) and None where the
-    saved data cannot be hashed: its leaves are checked (plain, dense, not overlapping) before a byte is hashed.
-    `commit` false (a correctness trial's output, which no block committed to): no commitment, and no hash."""
+    candidate's output of the call (a copy the service made in this worker's `inputs`, which no job can change: on a
+    CPU of the bytes the judge read from the candidate's memory, `copied`; else of the file the candidate saved)
+    against `expected`, this worker's own output of the call, on its device (no output leaves the GPU on this side,
+    and the candidate's is moved to it a chunk at a time). With the reason it is wrong ("" if right) come, on a GPU,
+    the sketch of the output compared, for the service to hold to the one the candidate's block reply made, and None
+    where the saved data cannot be sketched: its leaves are checked (plain, dense, not overlapping) first. `commit`
+    false (a correctness trial's output, which no block committed to): no sketch."""
     deadline = time.monotonic() + float(command["seconds"])
     found: dict[str, Any] = {"reason": "", "commitment": None, "max_abs": None, "max_rel": None, "timed_out": False}
     want = compare.trusted_leaves(expected)
     on_device = context.backend.device_string() if command.get("handover") else "cpu"
     outputs: Any
     try:
-        if command.get("handover"):
+        if command.get("copied") is not None:
+            outputs = _copied_from_memory(context, want, int(command["check"]), command["copied"])
+            produced = {"outputs": outputs, "inputs_after": []}
+        elif command.get("handover"):
             outputs = _handed_over(context, want, int(command["check"]), deadline)
             produced = {"outputs": outputs, "inputs_after": []}
         else:
@@ -975,15 +979,13 @@ def check_saved_output(context: WorkerContext, expected: Any, command: dict[str,
     except Exception as error:  # the candidate's file or handover: its verdict, never this worker's failure
         found["reason"] = f"unreadable output ({type(error).__name__}: {error})"[:500]
         return found
-    # Hashed only if shaped as `expected` is: leaves that all view one large storage would otherwise have it all
-    # hashed once per leaf, without a deadline. The block's outputs had the reference's shapes (the judge checks
+    # Sketched only if shaped as `expected` is: leaves that all view one large storage would otherwise have it all
+    # read once per leaf, without a deadline. The block's outputs had the reference's shapes (the judge checks
     # that first), so a file of other shapes is not what the call returned, and is committed to by none.
-    if command.get("commit", True) and not any(problems) and _shaped_as(leaves, want):
+    commit = command.get("commit", True) and context.backend.name == "cuda"
+    if commit and not any(problems) and _shaped_as(leaves, want):
         with contextlib.suppress(Exception):  # a structure no timed call returns was committed to by none
-            if context.backend.name == "cuda":
-                found["commitment"] = output_digest.output_sketch_on(outputs, context.backend.device_string())
-            else:
-                found["commitment"] = held_memory.saved_hash(outputs)
+            found["commitment"] = output_digest.output_sketch_on(outputs, context.backend.device_string())
     errors: list[tuple[float, float]] = []
     try:
         reason, _ = compare.compare_trial(
@@ -999,6 +1001,42 @@ def check_saved_output(context: WorkerContext, expected: Any, command: dict[str,
     if errors:
         found["max_abs"], found["max_rel"] = max(e[0] for e in errors), max(e[1] for e in errors)
     return found
+
+
+def _copied_from_memory(context: WorkerContext, want: list[Any], check: int, copied: Any) -> list[torch.Tensor]:
+    """The output the judge copied from a candidate's memory for check `check` (held_memory.copy_out), read as the
+    reference's output of the same call is shaped, each tensor laid out by the strides `copied` gives (the
+    candidate's block reply's word, which only tells how to read the bytes that were there). ValueError where the
+    copy cannot be that output: another number of tensors or of bytes, or strides that do not fill each tensor's
+    bytes exactly once."""
+    tensors = [leaf for leaf in want if isinstance(leaf, torch.Tensor)]
+    sizes, strides = copied.get("sizes"), copied.get("strides")
+    if len(tensors) != len(want) or not isinstance(sizes, list) or not isinstance(strides, list):
+        raise ValueError("an output the judge's copy cannot be read as")
+    if len(sizes) != len(tensors) or len(strides) != len(tensors):
+        raise ValueError(f"{len(sizes)} tensors where the reference's output has {len(tensors)}")
+    for index, (like, size, stride) in enumerate(zip(tensors, sizes, strides, strict=True)):
+        nbytes = like.numel() * like.element_size()
+        if size != nbytes:
+            raise ValueError(f"output {index} has {size} bytes, expected {nbytes} ({tuple(like.shape)}, {like.dtype})")
+        if not (isinstance(stride, list) and len(stride) == like.dim() and all(type(n) is int for n in stride)):
+            raise ValueError(f"output {index} has strides {str(stride)[:80]} for a shape of {like.dim()} dimensions")
+        if not held_memory.dense(torch.empty_strided(like.shape, stride, dtype=like.dtype, device="meta")):
+            raise ValueError(f"output {index} has strides {tuple(stride)} that do not fill its memory exactly once")
+    path = context.home / "inputs" / f"check_{check}.raw"
+    total = path.stat().st_size
+    if total != sum(sizes):
+        raise ValueError(f"the copy holds {total} bytes, the output {sum(sizes)}")
+    # Mapped, not read: the pages are read from the page cache as they are compared.
+    raw = torch.from_file(str(path), size=total, dtype=torch.uint8) if total else torch.empty(0, dtype=torch.uint8)
+    outputs, offset = [], 0
+    for like, size, stride in zip(tensors, sizes, strides, strict=True):
+        part = raw[offset : offset + size]
+        # A tensor after one of an odd size may lie at an offset its type cannot be viewed at: a copy of it can.
+        part = part if offset % like.element_size() == 0 else part.clone()
+        outputs.append(torch.as_strided(part.view(like.dtype), like.shape, stride))
+        offset += size
+    return outputs
 
 
 def _handed_over(context: WorkerContext, want: list[Any], check: int, deadline: float) -> list[torch.Tensor]:
@@ -1112,6 +1150,12 @@ def _regions(output: Any) -> list[list[int]]:
     """Where each (dense) tensor of a CPU output lies in this process's memory: [address, bytes]."""
     tensors = list(output) if isinstance(output, list | tuple) else [output]
     return [[t.data_ptr(), t.numel() * t.element_size()] for t in tensors]
+
+
+def _strides(output: Any) -> list[list[int]]:
+    """Each tensor's strides: how the timer reads the bytes the judge copies from where _regions says they lie."""
+    tensors = list(output) if isinstance(output, list | tuple) else [output]
+    return [list(t.stride()) for t in tensors]
 
 
 def _output_tensors(outputs: list[Any]) -> list[Any] | None:

@@ -354,11 +354,11 @@ HEX_BOMB_OUTPUT = _rewriting_trial_0(HEX_BOMB)
 SHARED_KEY_OUTPUT = _rewriting_trial_0(SHARED_KEY)
 
 
-def rewriting_checks(pickle_expression: str, from_stage: str = "serve_timing") -> str:
+def rewriting_checks(pickle_expression: str, from_stage: str) -> str:
     """Overwrites every output saved for a check with an archive of the given pickle just before `saved` goes out
     (the reference's timer parses it), from the first call under `from_stage` on: `serve_timing` (timed calls'
-    checks) or, on the `drawn` data path, `_run_trials` (the correctness trials' checks too; the guard then reports
-    the wrapped `emit` with the first save)."""
+    checks, saved by the candidate on a GPU only) or, on the `drawn` data path, `_run_trials` (the correctness
+    trials' checks too; the guard then reports the wrapped `emit` with the first save)."""
     return candidate(
         "if not _rewritten:\n    _rewrite()\nreturn x.clamp_min(0) * self.scale",
         prelude=f"{_HAND_MADE_ARCHIVE}\nPICKLE = {pickle_expression}\n"
@@ -376,10 +376,6 @@ def wrapped_emit(real):
     return emit
 """,
     )
-
-
-# The deep-key archive as a timed call's check: the reference's timer parsed it and died.
-DEEP_KEY_CHECK = rewriting_checks(DEEP_KEY)
 
 
 # A problem heavy enough that 1/16 of its work is resolved by the judge's clock: ten rounds of sin, then a ReLU

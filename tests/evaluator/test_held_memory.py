@@ -1,4 +1,4 @@
-"""The judge's hash of an output read from a process's memory, against the hash of the output as saved."""
+"""The judge's reads of a process's memory: the hash of tensors read where they lie, against the hash of a copy."""
 
 from __future__ import annotations
 

@@ -532,13 +532,13 @@ os.write(int(sys.argv[sys.argv.index("--events-fd") + 1]), b"[" * 200_000 + b"\\
 
 
 def test_an_output_forged_within_the_tolerance_is_caught_on_the_cpu(any_client: httpx.Client) -> None:
-    """A sum of the output's raw bits as the commitment let this candidate through; the bytes the judge read from
-    the worker's memory when the block ended do not (on a GPU: test_gpu_service.py)."""
+    """A sum of the output's raw bits as the commitment let this candidate through; the check of the bytes the judge
+    copied from the worker's memory when the block ended does not: its timed calls returned zeros, whatever its
+    replaced save would have written (on a GPU: test_gpu_service.py)."""
     result = evaluate(
         any_client, sources.SKETCH_FORGED_WITHIN_TOLERANCE, sources.HEAVY_REFERENCE, timing_trials=20, timeout_s=240
     )
-    assert result["status"] == "rejected" and "result_tampering" in result["flags"], result
-    assert "not the one its timed call produced" in result["message"], result["message"]
+    assert result["status"] == "rejected" and "stale_output" in result["flags"], result
     assert_still_correct(any_client)
 
 
@@ -660,9 +660,11 @@ class ModelNew(torch.nn.Module):
         return out
 """
 
-# Zero-fills fresh output buffers while the judge checks a block (the save, the timer's check), from a thread that
-# watches the main thread's stack; the next block's calls then write only the diagonal into one. A red-team candidate of this kind scored `correct` at 11.5-12.0x while the save was off the clock and the
-# candidate ran free until its next block.
+# Zero-fills fresh output buffers once its digest is done, while the judge checks the block, from a thread that
+# watches the main thread's stack; the next block's calls then write only the diagonal into one. A red-team candidate
+# of this kind scored `correct` at 11.5-12.0x while the candidate saved the checked output itself and ran free until
+# its next block, and this one at 7.4x (strict) and 2.4x (process) here, and 2.3x on CI's machine in strict isolation
+# once the save was clocked against the timer's.
 SAVE_PREPARES_OUTPUTS = """
 import sys
 import threading
@@ -683,13 +685,15 @@ def _names(frame):
 
 
 def _prepare():
-    main, armed = threading.main_thread().ident, False
+    main, digesting, armed = threading.main_thread().ident, False, False
     while True:
         names = _names(sys._current_frames().get(main))
-        if "_save_for_check" in names and not armed:  # a block's check: the judge waits on it until the next draw
-            armed = True
+        if "block_digest" in names and not digesting:
+            digesting = True
             _CALLS[:] = [0, _CALLS[0]]
-        elif names & {"draw_all", "forward", "block_digest"}:
+        elif "block_digest" not in names and digesting:  # replied: the judge checks the block, then the next draw
+            digesting, armed = False, True
+        if names & {"draw_all", "forward"}:
             armed = False
         if armed and len(_READY) < _CALLS[1]:
             _READY.append(torch.empty(_SHAPE).zero_())
@@ -750,10 +754,10 @@ def test_gamed_timing_or_outputs_never_score(
     assert_still_correct(any_client)
 
 
-def test_outputs_prepared_while_a_check_is_saved_buy_no_speed(any_client: httpx.Client) -> None:
-    """The save is clocked on both sides and the candidate held stopped from it to its next block: buffers it fills
-    there show in the save's time (`implausible_timing`), and less than the flag's slack buys less than the room a
-    report has anyway."""
+def test_outputs_prepared_while_a_block_is_checked_buy_no_speed(any_client: httpx.Client) -> None:
+    """The judge copies the checked output from the candidate's memory itself, and the candidate stays stopped from
+    its digest's reply to its next draw: what it fills after its digest is filled in the digest's time
+    (`implausible_timing`), or not at all, and less than the flag's slack buys less than the room a report has."""
     result = evaluate(any_client, SAVE_PREPARES_OUTPUTS, LARGE_DIAGONAL_REFERENCE, timing_trials=20, timeout_s=240)
     assert result["status"] in {"rejected", "correct"}, f"{result['status']} {result['message'][-600:]}"
     if result["status"] == "correct":
@@ -1860,9 +1864,11 @@ def test_false_reports_buy_no_speedup(any_client: httpx.Client, candidate: str) 
     """A rebound clock (every call reported 1000x faster), replies forged before they were asked for, or a timing
     loop of the candidate's own that does the work and reports none of it: the verdict is rejected, or correct
     with no more speed than the judge's own clock measured."""
-    result = evaluate(any_client, candidate, timing_trials=20)
+    result = evaluate(any_client, candidate, timing_trials=20, timeout_s=240)
     assert result["status"] in {"correct", "rejected"}, result["message"]
     if result["status"] == "correct":
+        # Not timed shows nothing either way: CI's loaded machine once left no time to time it in the default 60 s.
+        assert result["speedup"] is not None, f"correct but not timed, so untested: {result['message'][-400:]}"
         assert result["speedup"] < 3, result
     else:
         assert "implausible_timing" in result["flags"] or "result_tampering" in result["flags"], result
