@@ -2080,25 +2080,28 @@ def _copy_to_timer(timer: Worker, check: int, limit: int, copy: Callable[[Callab
                 target = os.open(name, flags, 0o600, dir_fd=directory)
             except OSError as error:
                 raise _CopyWriteError(error) from error
-            try:
-                with open(target, "wb") as destination:
 
-                    def write(chunk: bytes) -> None:
-                        try:
-                            destination.write(chunk)
-                        except OSError as error:
-                            raise _CopyWriteError(error) from error
-
-                    copy(write)
+            def write(chunk: bytes) -> None:
+                # Unbuffered: a buffered file's flush at close would raise a full disk outside this wrapper.
+                view = memoryview(chunk)
+                while view:
                     try:
-                        destination.flush()
-                        os.fchmod(target, 0o444)
+                        view = view[os.write(target, view) :]
                     except OSError as error:
                         raise _CopyWriteError(error) from error
-                    timer.charge_service_write(os.fstat(target).st_size)
+
+            try:
+                copy(write)
+                try:
+                    os.fchmod(target, 0o444)
+                except OSError as error:
+                    raise _CopyWriteError(error) from error
+                timer.charge_service_write(os.fstat(target).st_size)
             except BaseException:
                 os.unlink(name, dir_fd=directory)
                 raise
+            finally:
+                os.close(target)
     except _ForeignInputsError as error:
         raise EvaluatorFailure(f"the reference timer's {error}") from error
     except _CopyWriteError as failure:

@@ -1,6 +1,7 @@
-"""Copies into the reference timer's `inputs` of what a candidate saved: one that does not fit (the disk full, which a
-job can cause) fails as the candidate's, leaves no partial file and the directory read-only, and never makes the
-verdict `evaluator_error`; the service's count of what its copies hold there follows them. Runs in a mount namespace of its own, with the timer's `inputs` a tiny tmpfs."""
+"""Copies into the reference timer's `inputs` of what a candidate saved, and of a checked output the judge read from
+its memory: one that does not fit (the disk full, which a job can cause) fails as the candidate's, leaves no partial
+file and the directory read-only, and never makes the verdict `evaluator_error`; the service's count of what its
+copies hold there follows them. Runs in a mount namespace of its own, with the timer's `inputs` a tiny tmpfs."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ SCRIPT = """
 import errno, os, subprocess, sys
 from pathlib import Path
 from types import SimpleNamespace
-from services.evaluator.evaluation import EvaluatorFailure, _hand_over_check, _remove_check
+from services.evaluator.evaluation import (
+    EvaluatorFailure, _SavedOutputRefusedError, _copy_to_timer, _hand_over_check, _remove_check,
+)
 from services.evaluator.pool import Worker
 
 root = Path(sys.argv[1])
@@ -40,8 +43,14 @@ for check in (1, 2, 3):
         print(check, "judge", error, sorted(os.listdir(inputs)), timer.disk_service_bytes)
     except OSError as error:
         print(check, "candidate", errno.errorcode[error.errno], sorted(os.listdir(inputs)), timer.disk_service_bytes)
-_remove_check(timer, 1)
+_remove_check(timer, "check_1.pt")
 print("removed", sorted(os.listdir(inputs)), oct(inputs.stat().st_mode & 0o777), timer.disk_service_bytes)
+for check, size in ((4, 8192), (5, 1 << 20)):
+    try:
+        _copy_to_timer(timer, check, 2 << 20, lambda write: [write(os.urandom(4096)) for _ in range(size // 4096)])
+        print(check, "copied", sorted(os.listdir(inputs)), oct(inputs.stat().st_mode & 0o777), timer.disk_service_bytes)
+    except _SavedOutputRefusedError as error:
+        print(check, "candidate", error, sorted(os.listdir(inputs)), oct(inputs.stat().st_mode & 0o777))
 """
 
 
@@ -64,3 +73,6 @@ def test_a_copy_that_does_not_fit_fails_cleanly_as_the_candidates(tmp_path: Path
     assert lines[2] == "3 candidate ENOENT ['check_1.pt'] 4096"
     # Still counted as the service's: the timer may still map a removed copy's pages.
     assert lines[3] == "removed [] 0o555 4096"
+    # The judge's copies of checked outputs: the same rules.
+    assert lines[4] == "4 copied ['check_4.raw'] 0o555 12288", lines[4]
+    assert lines[5].startswith("5 candidate the disk the job shares with the judge is full ['check_4.raw'] 0o555")
