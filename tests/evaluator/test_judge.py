@@ -799,6 +799,69 @@ def test_one_kept_buffer_returned_at_every_call_buys_no_speed(any_client: httpx.
     assert result["status"] != "correct" or result["speedup"] < 1.25, result
 
 
+# A red team's: in timed calls its output is wrong at one element off the diagonal, and a right clone of it is kept;
+# os.write, which the guard does not watch, rewrites the block reply's regions to point at the clones, so the judge
+# copies a clone for the check. Correct at 0.22-0.34x in the red team's runs: the clone is made in the timed calls.
+REGIONS_POINT_AT_A_RIGHT_COPY = """
+import json
+import os
+import sys
+import torch
+
+_CLONES = {}
+_write = os.write
+
+
+def _timed():
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "_time_drawn":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _lying_write(fd, data):
+    if isinstance(data, bytes | bytearray | memoryview) and bytes(data[:20]).startswith(b'{"event": "block"'):
+        event = json.loads(bytes(data))
+        if event.get("regions"):
+            event["regions"] = [
+                [[_CLONES[a][0], n] if a in _CLONES else [a, n] for a, n in call] for call in event["regions"]
+            ]
+            _write(fd, (json.dumps(event) + "\\n").encode())
+            return len(data)
+    return _write(fd, data)
+
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        os.write = _lying_write
+        out = torch.diag_embed(torch.relu(x) * self.scale)
+        if _timed():
+            clone = out.clone()
+            while len(_CLONES) > 8:
+                _CLONES.pop(next(iter(_CLONES)))
+            _CLONES[out.data_ptr()] = (clone.data_ptr(), clone)
+            out[0, 0, 1] = 12345.0
+        else:
+            _CLONES.clear()
+        return out
+"""
+
+
+@pytest.mark.xfail(
+    reason="open: where a CPU output lies is the worker's word (docs/evaluator.md, Not covered)", strict=False
+)
+def test_a_reply_that_points_the_check_at_a_right_copy_is_caught(any_client: httpx.Client) -> None:
+    """It buys no speed (the copy is made in the timed calls), but its calls' outputs are wrong."""
+    result = evaluate(any_client, REGIONS_POINT_AT_A_RIGHT_COPY, DIAGONAL_REFERENCE, timing_trials=20, timeout_s=240)
+    assert result["status"] != "correct", result
+
+
 # Returns a constant part of its output as one tensor it keeps, computed once: every call's output holds it.
 CONSTANT_PART_REFERENCE = """
 import torch
