@@ -799,10 +799,21 @@ def test_one_kept_buffer_returned_at_every_call_buys_no_speed(any_client: httpx.
     assert result["status"] != "correct" or result["speedup"] < 1.25, result
 
 
+# Source of a candidate's test for a call made in a timed block (the runner's `_time_drawn` on the stack).
+IN_A_TIMED_BLOCK = """def _in_a_timed_block():
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_time_drawn":
+            return True
+        frame = frame.f_back
+    return False
+"""
+
 # A red team's: in timed calls its output is wrong at one element off the diagonal, and a right clone of it is kept;
 # os.write, which the guard does not watch, rewrites the block reply's regions to point at the clones, so the judge
 # copies a clone for the check. Correct at 0.22-0.34x in the red team's runs: the clone is made in the timed calls.
-REGIONS_POINT_AT_A_RIGHT_COPY = """
+REGIONS_POINT_AT_A_RIGHT_COPY = (
+    """
 import json
 import os
 import sys
@@ -812,14 +823,9 @@ _CLONES = {}
 _write = os.write
 
 
-def _timed():
-    frame = sys._getframe(2)
-    while frame is not None:
-        if frame.f_code.co_name == "_time_drawn":
-            return True
-        frame = frame.f_back
-    return False
-
+"""
+    + IN_A_TIMED_BLOCK
+    + """
 
 def _lying_write(fd, data):
     if isinstance(data, bytes | bytearray | memoryview) and bytes(data[:20]).startswith(b'{"event": "block"'):
@@ -841,7 +847,7 @@ class ModelNew(torch.nn.Module):
     def forward(self, x):
         os.write = _lying_write
         out = torch.diag_embed(torch.relu(x) * self.scale)
-        if _timed():
+        if _in_a_timed_block():
             clone = out.clone()
             while len(_CLONES) > 8:
                 _CLONES.pop(next(iter(_CLONES)))
@@ -851,6 +857,7 @@ class ModelNew(torch.nn.Module):
             _CLONES.clear()
         return out
 """
+)
 
 
 @pytest.mark.xfail(
@@ -1154,21 +1161,17 @@ def get_init_inputs():
 # red-team candidate's kernel for torch's copy skipped half of each refill of the input buffers (when every call was
 # refilled into one set) and computed half of each answer in the time that left (correct at 2.2x strict, 2.0x
 # process, one run each; the same source gave 1.0x and 0.9x in others).
-WATCHES_THE_RUNNERS_STEPS = """
+WATCHES_THE_RUNNERS_STEPS = (
+    """
 import sys
 import torch
 from torch.overrides import TorchFunctionMode
 
 SEEN = []
 
-def _in_a_timed_block():
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == "_time_drawn":
-            return True
-        frame = frame.f_back
-    return False
-
+"""
+    + IN_A_TIMED_BLOCK
+    + """
 def _seen(name):
     if _in_a_timed_block():
         SEEN.append(name)
@@ -1206,6 +1209,7 @@ class ModelNew(torch.nn.Module):
             self.buf.add_(1.0)
         return self.buf
 """
+)
 
 
 def test_no_code_of_the_candidates_runs_in_the_runners_steps(any_client: httpx.Client) -> None:
