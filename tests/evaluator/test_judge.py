@@ -638,27 +638,19 @@ def get_init_inputs():
 # Keeps every output it returns and, once the runner has let one go, returns it again with only its diagonal
 # written: its zeros are still there from the first time. No code of the runner's touched, no guard silenced: a red-team
 # candidate of this kind scored `correct` at 10.6-11.4x before the judge overwrote each output it had used.
-RETURNED_BUFFERS_REUSED = """
-import sys
-import torch
-
-_RETURNED = []
-
-class ModelNew(torch.nn.Module):
-    def __init__(self, scale):
-        super().__init__()
-        self.scale = scale
-
-    def forward(self, x):
-        shape = (*x.shape, x.shape[-1])
-        for out in _RETURNED:
-            if sys.getrefcount(out) == 3 and out.shape == shape:  # held by the list, this loop and the call alone
-                out.diagonal(dim1=-2, dim2=-1).copy_(torch.relu(x) * self.scale)
-                return out
-        out = torch.diag_embed(torch.relu(x) * self.scale)
-        _RETURNED.append(out)
+RETURNED_BUFFERS_REUSED = sources.candidate(
+    """
+shape = (*x.shape, x.shape[-1])
+for out in _RETURNED:
+    if sys.getrefcount(out) == 3 and out.shape == shape:  # held by the list, this loop and the call alone
+        out.diagonal(dim1=-2, dim2=-1).copy_(torch.relu(x) * self.scale)
         return out
-"""
+out = torch.diag_embed(torch.relu(x) * self.scale)
+_RETURNED.append(out)
+return out
+""",
+    prelude="import sys\n\n_RETURNED = []",
+)
 
 # Zero-fills fresh output buffers once its digest is done, while the judge checks the block, from a thread that
 # watches the main thread's stack; the next block's calls then write only the diagonal into one. A red-team candidate
@@ -770,24 +762,17 @@ def test_outputs_prepared_while_a_block_is_checked_buy_no_speed(any_client: http
 # Keeps one zero-filled output buffer and returns it from every call with only its diagonal written. The warm-up sees
 # the shared memory and turns copies on; from then on the judge overwrites the runner's copies, never this buffer,
 # whose zeros stay from the first call (a red team: `correct` at 1.59-2.22x in process isolation, honest 0.98-1.22x).
-ONE_KEPT_BUFFER = """
-import torch
-
-_KEPT = {}
-
-class ModelNew(torch.nn.Module):
-    def __init__(self, scale):
-        super().__init__()
-        self.scale = scale
-
-    def forward(self, x):
-        shape = (*x.shape, x.shape[-1])
-        if shape not in _KEPT:
-            _KEPT[shape] = torch.zeros(shape, dtype=x.dtype)
-        out = _KEPT[shape]
-        out.diagonal(dim1=-2, dim2=-1).copy_(torch.relu(x) * self.scale)
-        return out
-"""
+ONE_KEPT_BUFFER = sources.candidate(
+    """
+shape = (*x.shape, x.shape[-1])
+if shape not in _KEPT:
+    _KEPT[shape] = torch.zeros(shape, dtype=x.dtype)
+out = _KEPT[shape]
+out.diagonal(dim1=-2, dim2=-1).copy_(torch.relu(x) * self.scale)
+return out
+""",
+    prelude="_KEPT = {}",
+)
 
 
 @pytest.mark.xfail(
