@@ -657,7 +657,7 @@ return out
 # of this kind scored `correct` at 11.5-12.0x while the candidate saved the checked output itself and ran free until
 # its next block, and this one at 7.4x (strict) and 2.4x (process) here, and 2.3x on CI's machine in strict isolation
 # once the save was clocked against the timer's.
-SAVE_PREPARES_OUTPUTS = """
+OUTPUTS_PREPARED_AFTER_THE_DIGEST = """
 import sys
 import threading
 import time
@@ -750,7 +750,9 @@ def test_outputs_prepared_while_a_block_is_checked_buy_no_speed(any_client: http
     """The judge copies the checked output from the candidate's memory itself, and the candidate stays stopped from
     its digest's reply to its next draw: what it fills after its digest is filled in the digest's time
     (`implausible_timing`), or not at all, and less than the flag's slack buys less than the room a report has."""
-    result = evaluate(any_client, SAVE_PREPARES_OUTPUTS, LARGE_DIAGONAL_REFERENCE, timing_trials=20, timeout_s=240)
+    result = evaluate(
+        any_client, OUTPUTS_PREPARED_AFTER_THE_DIGEST, LARGE_DIAGONAL_REFERENCE, timing_trials=20, timeout_s=240
+    )
     assert result["status"] in {"rejected", "correct"}, f"{result['status']} {result['message'][-600:]}"
     if result["status"] == "correct":
         assert result["speedup"] < 1.25, result
